@@ -1,0 +1,49 @@
+# Two commands for a new user: `make run` and `make test` (README.md). Everything they need is
+# installed from here into .venv; the control-plane binaries are built once into a cache
+# outside the repository (hack/cluster.py).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install binaries run test unit e2e lint format down clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(INSTALLED)
+
+install: $(INSTALLED)
+
+binaries: $(INSTALLED)
+	$(PY) hack/cluster.py build
+
+run: binaries
+	$(PY) hack/run.py
+
+test: lint binaries
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: $(INSTALLED)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+e2e: binaries
+	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(INSTALLED)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# Stops the control plane `make run` left running (after a kill -9, say) and deletes it.
+down: $(INSTALLED)
+	$(PY) hack/cluster.py down --dir .cluster/run --clean
+
+clean: down
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

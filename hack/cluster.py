@@ -1,0 +1,828 @@
+#!/usr/bin/env python3
+"""A real upstream Kubernetes control plane on loopback: build it, start it, stop it.
+
+tally is never tested against a fake API server. This module builds kube-apiserver,
+kube-controller-manager, kubectl and etcd from the upstream Go modules pinned in
+``hack/k8s/go.mod`` (the one place that names the Kubernetes version), caches the binaries
+outside the repository (a fresh clone, which is what CI runs, finds them), and runs them as
+plain processes on free loopback ports with certificates it generates itself.
+
+Two modes:
+
+* ``operator``: the ResourceQuota admission plugin and the resourcequota controller are off;
+  tally is the quota system.
+* ``reference``: upstream defaults, quota admission and controller on; the oracle that
+  differential tests and benchmarks compare tally with.
+
+Each control plane lives in one directory (``--dir``) holding its certificates, etcd data, logs,
+``kubeconfig`` and ``state.json`` (pids, ports, mode, version). Several run side by side. ``down``
+stops exactly the processes recorded there, and only after checking that each pid still runs
+the binary it was started from (a recycled pid is left alone).
+
+What it leaves out: no scheduler and no kubelet, so pods stay Pending; tests set pod status
+through the status subresource (``tests/e2e/kube.py``).
+
+Used as a CLI (``python hack/cluster.py build|up|down|status``) and as a library by the e2e
+fixtures. Standard library plus ``cryptography``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+HACK_DIR = Path(__file__).resolve().parent
+GO_MODULE_DIR = HACK_DIR / "k8s"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+MODES = ("operator", "reference")
+Mode = Literal["operator", "reference"]
+
+# Start order; stop order is the reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+# A cold kube-apiserver takes a few seconds; under a parallel Go build or a loaded CI machine
+# much longer. Generous, because a control plane that is slow to start is not broken.
+READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 15.0
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+
+
+class ClusterError(Exception):
+    """A failure worth one clear line to the user (the CLI prints it and exits 1)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Version and binaries
+
+
+def kubernetes_version() -> str:
+    """The pinned Kubernetes version, read from the ``require`` line of ``hack/k8s/go.mod``."""
+    text = (GO_MODULE_DIR / "go.mod").read_text()
+    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", text, re.MULTILINE)
+    if not match:
+        raise ClusterError(f"no k8s.io/kubernetes requirement in {GO_MODULE_DIR / 'go.mod'}")
+    return match.group(1)
+
+
+def cache_root() -> Path:
+    """Where built binaries live: ``$TALLY_K8S_CACHE`` or ``~/.cache/tally/k8s``."""
+    override = os.environ.get("TALLY_K8S_CACHE")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "tally" / "k8s"
+
+
+def bin_dir(version: str | None = None) -> Path:
+    return cache_root() / (version or kubernetes_version())
+
+
+def _build_inputs_digest() -> str:
+    """A digest of everything the build reads from the repository.
+
+    Stored beside the binaries: a changed go.mod, go.sum or etcd main rebuilds even when the
+    version string stays the same.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(GO_MODULE_DIR.rglob("*")):
+        if path.is_file() and path.suffix in {".go", ".mod", ".sum"}:
+            digest.update(path.relative_to(GO_MODULE_DIR).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def binaries_present(version: str | None = None) -> bool:
+    directory = bin_dir(version)
+    stamp = directory / ".inputs"
+    return (
+        all(os.access(directory / name, os.X_OK) for name in BINARIES)
+        and stamp.exists()
+        and stamp.read_text().strip() == _build_inputs_digest()
+    )
+
+
+def _say(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def build(*, force: bool = False) -> Path:
+    """Build the four binaries into the cache unless they are there already.
+
+    Serialised by a lock file, so that two test sessions (or `make run` and `make test`) never
+    build the same version at once. Each binary is written to a temporary name and renamed, so
+    an interrupted build never leaves a binary that looks complete.
+    """
+    version = kubernetes_version()
+    directory = bin_dir(version)
+    directory.mkdir(parents=True, exist_ok=True)
+    go = shutil.which("go")
+    if go is None:
+        raise ClusterError(
+            "the Go toolchain (`go`) is not on PATH; it is needed to build the control plane"
+        )
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binaries_present(version) and not force:
+            return directory
+        minor = version.lstrip("v").split(".")[1]
+        ldflags = " ".join(
+            [
+                "-s -w",
+                f"-X k8s.io/component-base/version.gitVersion={version}",
+                "-X k8s.io/component-base/version.gitMajor=1",
+                f"-X k8s.io/component-base/version.gitMinor={minor}",
+                f"-X k8s.io/client-go/pkg/version.gitVersion={version}",
+                "-X k8s.io/component-base/version.gitTreeState=clean",
+            ]
+        )
+        env = {
+            **os.environ,
+            # Never let a `toolchain` line trigger a toolchain download.
+            "GOTOOLCHAIN": "local",
+            "CGO_ENABLED": "0",
+            "GOFLAGS": "-mod=readonly",
+        }
+        targets = {
+            "etcd": "./etcd",
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        }
+        _say(f"building Kubernetes {version} into {directory} (first build: ~10 min on 2 cores)")
+        for name, package in targets.items():
+            started = time.monotonic()
+            _say(f"  go build {name} ...")
+            partial = directory / f".{name}.partial"
+            # -p 2: two packages at a time keeps peak memory near 1 GB on this machine's size.
+            command = [
+                go,
+                "build",
+                "-p",
+                "2",
+                "-tags",
+                "providerless",
+                "-trimpath",
+                "-ldflags",
+                ldflags,
+                "-o",
+                str(partial),
+                package,
+            ]
+            log_path = directory / f"build-{name}.log"
+            with open(log_path, "w") as log:
+                result = subprocess.run(
+                    command, cwd=GO_MODULE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            if result.returncode != 0:
+                partial.unlink(missing_ok=True)
+                raise ClusterError(
+                    f"building {name} failed (go build exit {result.returncode}); "
+                    f"output in {log_path}"
+                )
+            partial.rename(directory / name)
+            _say(f"  {name} built in {time.monotonic() - started:.0f} s")
+        (directory / ".inputs").write_text(_build_inputs_digest() + "\n")
+        return directory
+
+
+def ensure_binaries() -> Path:
+    if binaries_present():
+        return bin_dir()
+    return build()
+
+
+# --------------------------------------------------------------------------------------------
+# Certificates
+
+
+@dataclass(frozen=True)
+class _Pki:
+    ca_crt: Path
+    ca_key: Path
+    serving_crt: Path
+    serving_key: Path
+    admin_crt: Path
+    admin_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def _write_pki(directory: Path) -> _Pki:
+    """A CA, a serving certificate for 127.0.0.1, an admin client certificate in
+    ``system:masters``, and the service-account signing key pair."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    not_before = now - datetime.timedelta(minutes=5)
+    not_after = now + datetime.timedelta(days=365)
+
+    def write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
+
+    def name(common_name: str, organization: str | None = None) -> x509.Name:
+        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        if organization:
+            attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+        return x509.Name(attributes)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = name("tally-local-ca")
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(
+        subject: x509.Name, usage: x509.ObjectIdentifier, sans: Sequence[x509.GeneralName] = ()
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                critical=False,
+            )
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return builder.sign(ca_key, hashes.SHA256()), key
+
+    serving, serving_key = leaf(
+        name("kube-apiserver"),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address(KUBERNETES_SERVICE_IP)),
+            x509.DNSName("localhost"),
+            x509.DNSName("kubernetes"),
+            x509.DNSName("kubernetes.default"),
+            x509.DNSName("kubernetes.default.svc"),
+        ],
+    )
+    admin, admin_key = leaf(name("tally-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    pki = _Pki(
+        ca_crt=directory / "ca.crt",
+        ca_key=directory / "ca.key",
+        serving_crt=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        admin_crt=directory / "admin.crt",
+        admin_key=directory / "admin.key",
+        sa_key=directory / "sa.key",
+        sa_pub=directory / "sa.pub",
+    )
+    pem = serialization.Encoding.PEM
+    pki.ca_crt.write_bytes(ca_cert.public_bytes(pem))
+    write_key(pki.ca_key, ca_key)
+    pki.serving_crt.write_bytes(serving.public_bytes(pem))
+    write_key(pki.serving_key, serving_key)
+    pki.admin_crt.write_bytes(admin.public_bytes(pem))
+    write_key(pki.admin_key, admin_key)
+    write_key(pki.sa_key, sa_key)
+    pki.sa_pub.write_bytes(
+        sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return pki
+
+
+def _kubeconfig(server: str, pki: _Pki) -> str:
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    # JSON is valid YAML, and keeps this module free of a YAML dependency.
+    return (
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "tally-local",
+                        "cluster": {
+                            "server": server,
+                            "certificate-authority-data": b64(pki.ca_crt),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "tally-admin",
+                        "user": {
+                            "client-certificate-data": b64(pki.admin_crt),
+                            "client-key-data": b64(pki.admin_key),
+                        },
+                    }
+                ],
+                "contexts": [
+                    {
+                        "name": "tally-local",
+                        "context": {"cluster": "tally-local", "user": "tally-admin"},
+                    }
+                ],
+                "current-context": "tally-local",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# State
+
+
+@dataclass
+class State:
+    """What ``state.json`` records about one running control plane."""
+
+    mode: str
+    version: str
+    dir: str
+    kubeconfig: str
+    server: str
+    bin_dir: str
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    started_at: str = ""
+
+    @classmethod
+    def load(cls, directory: Path) -> State | None:
+        path = directory / "state.json"
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as error:
+            raise ClusterError(f"{path} is not a control-plane state file: {error}") from None
+
+    def save(self) -> None:
+        path = Path(self.dir) / "state.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        partial.rename(path)
+
+
+def _pid_runs(pid: int, binary: str) -> bool:
+    """Whether ``pid`` is alive and still the process started from ``binary``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # A zombie has exited; it only waits for its parent to reap it.
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+    return os.path.basename(argv0) == binary
+
+
+def running_components(state: State) -> dict[str, int]:
+    return {name: pid for name, pid in state.pids.items() if _pid_runs(pid, name)}
+
+
+# --------------------------------------------------------------------------------------------
+# Up
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _check_port_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise ClusterError(f"port {port} for {what} is already in use on 127.0.0.1") from None
+
+
+def _ssl_context(state: State) -> ssl.SSLContext:
+    directory = Path(state.dir) / "pki"
+    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    context.load_cert_chain(str(directory / "admin.crt"), str(directory / "admin.key"))
+    return context
+
+
+def api_get(state: State, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET on the API server as the admin; (status, body), status 0 when unreachable."""
+    request = urllib.request.Request(state.server + path)
+    try:
+        with urllib.request.urlopen(
+            request, timeout=timeout, context=_ssl_context(state)
+        ) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def _log_tail(directory: Path, component: str, lines: int = 8) -> str:
+    path = directory / "logs" / f"{component}.log"
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def _wait(state: State, what: str, check: Callable[[], bool], deadline: float) -> None:
+    directory = Path(state.dir)
+    while True:
+        for component, pid in state.pids.items():
+            if not _pid_runs(pid, component):
+                last = _log_tail(directory, component, lines=1)
+                raise ClusterError(
+                    f"{component} exited while waiting for {what} "
+                    f"(log: {directory / 'logs' / (component + '.log')}): {last}"
+                )
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out waiting for {what} (logs in {directory / 'logs'})")
+        time.sleep(0.2)
+
+
+def _spawn(state: State, component: str, argv: list[str]) -> None:
+    directory = Path(state.dir)
+    log = open(directory / "logs" / f"{component}.log", "ab")  # noqa: SIM115 - child keeps it
+    with log:
+        # A session of its own: Ctrl-C in the terminal that ran `up` reaches only the process
+        # that owns the control plane, which then stops it in order (`down`).
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=directory,
+        )
+    state.pids[component] = process.pid
+    state.save()
+
+
+def up(
+    directory: Path,
+    mode: str,
+    *,
+    apiserver_port: int | None = None,
+    extra_apiserver_args: Sequence[str] = (),
+) -> State:
+    """Start etcd, kube-apiserver and kube-controller-manager in ``mode``; wait until usable.
+
+    Usable means: ``/readyz`` answers ok, the ``default`` namespace exists and has its
+    ``default`` service account (without it the ServiceAccount admission plugin rejects pods).
+    Any failure stops whatever was started and raises ClusterError.
+    """
+    if mode not in MODES:
+        raise ClusterError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    directory = directory.resolve()
+    existing = State.load(directory)
+    if existing is not None:
+        alive = running_components(existing)
+        if alive:
+            listed = ", ".join(f"{name} pid {pid}" for name, pid in alive.items())
+            raise ClusterError(
+                f"{directory} already holds a running control plane ({listed}); "
+                f"run `hack/cluster.py down --dir {directory}` first"
+            )
+    if apiserver_port is not None:
+        _check_port_free(apiserver_port, "kube-apiserver")
+    binaries = ensure_binaries()
+    version = kubernetes_version()
+
+    # A leftover from a control plane that died: its data and certificates are not reused.
+    for stale in ("etcd", "pki", "logs", "state.json", "kubeconfig"):
+        path = directory / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    (directory / "logs").mkdir(parents=True, exist_ok=True)
+    pki = _write_pki(directory / "pki")
+
+    ports = {
+        "etcd-client": free_port(),
+        "etcd-peer": free_port(),
+        "kube-apiserver": apiserver_port or free_port(),
+        "kube-controller-manager": free_port(),
+    }
+    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    kubeconfig = directory / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(server, pki))
+    kubeconfig.chmod(0o600)
+    state = State(
+        mode=mode,
+        version=version,
+        dir=str(directory),
+        kubeconfig=str(kubeconfig),
+        server=server,
+        bin_dir=str(binaries),
+        ports=ports,
+        started_at=datetime.datetime.now(datetime.UTC).isoformat(),
+    )
+    state.save()
+
+    try:
+        _start_components(state, pki, binaries, extra_apiserver_args)
+    except BaseException:
+        down(directory, quiet=True)
+        raise
+    return state
+
+
+def _start_components(
+    state: State, pki: _Pki, binaries: Path, extra_apiserver_args: Sequence[str]
+) -> None:
+    directory = Path(state.dir)
+    ports = state.ports
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    etcd_url = f"http://127.0.0.1:{ports['etcd-client']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    _spawn(
+        state,
+        "etcd",
+        [
+            str(binaries / "etcd"),
+            "--name=tally",
+            f"--data-dir={directory / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=tally={peer_url}",
+            # Throwaway data on loopback: durability buys nothing and fsync dominates latency.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
+
+    def etcd_healthy() -> bool:
+        try:
+            with urllib.request.urlopen(etcd_url + "/health", timeout=2) as response:
+                return b'"true"' in response.read()
+        except (urllib.error.URLError, OSError):
+            return False
+
+    _wait(state, "etcd /health", etcd_healthy, deadline)
+
+    apiserver = [
+        str(binaries / "kube-apiserver"),
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports['kube-apiserver']}",
+        # Otherwise it publishes 127.0.0.1 as the `kubernetes` Service endpoint, which
+        # validation rejects.
+        "--endpoint-reconciler-type=none",
+        f"--client-ca-file={pki.ca_crt}",
+        f"--tls-cert-file={pki.serving_crt}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        "--authorization-mode=RBAC",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--allow-privileged=true",
+        "--profiling=false",
+    ]
+    if state.mode == "operator":
+        apiserver.append("--disable-admission-plugins=ResourceQuota")
+    apiserver.extend(extra_apiserver_args)
+    _spawn(state, "kube-apiserver", apiserver)
+    _wait(state, "kube-apiserver /readyz", lambda: api_get(state, "/readyz")[0] == 200, deadline)
+
+    controllers = "*,-resourcequota" if state.mode == "operator" else "*"
+    _spawn(
+        state,
+        "kube-controller-manager",
+        [
+            str(binaries / "kube-controller-manager"),
+            f"--kubeconfig={state.kubeconfig}",
+            f"--authentication-kubeconfig={state.kubeconfig}",
+            f"--authorization-kubeconfig={state.kubeconfig}",
+            "--authentication-skip-lookup=true",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_crt}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-controller-manager']}",
+            f"--controllers={controllers}",
+            # The default 20 qps makes a ReplicaSet of 500 take ~24 s to fill; tests and the
+            # reference side of benchmarks should measure the controllers, not the throttle.
+            "--kube-api-qps=1000",
+            "--kube-api-burst=1000",
+            "--profiling=false",
+        ],
+    )
+    _wait(
+        state,
+        "the default namespace",
+        lambda: api_get(state, "/api/v1/namespaces/default")[0] == 200,
+        deadline,
+    )
+    _wait(
+        state,
+        "the default service account",
+        lambda: api_get(state, "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+        deadline,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Down and status
+
+
+def down(directory: Path, *, clean: bool = False, quiet: bool = False) -> list[str]:
+    """Stop the processes recorded in ``directory``; returns the names of those stopped.
+
+    Only pids that still run the recorded binary are signalled. SIGTERM first (components shut
+    down gracefully), SIGKILL after STOP_TIMEOUT_S.
+    """
+    directory = directory.resolve()
+    state = State.load(directory)
+    stopped: list[str] = []
+    if state is not None:
+        for component in reversed(COMPONENTS):
+            pid = state.pids.get(component)
+            if pid is None or not _pid_runs(pid, component):
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _pid_runs(pid, component) and time.monotonic() < deadline:
+                _reap(pid)
+                time.sleep(0.05)
+            if _pid_runs(pid, component):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                while _pid_runs(pid, component):
+                    _reap(pid)
+                    time.sleep(0.05)
+            _reap(pid)
+            stopped.append(component)
+        (directory / "state.json").unlink(missing_ok=True)
+    elif not quiet and not clean:
+        raise ClusterError(f"no control plane recorded in {directory} (no state.json)")
+    if clean and directory.exists():
+        shutil.rmtree(directory)
+    return stopped
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if ``pid`` is our child (when `up` ran in this process)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def status(directory: Path) -> dict[str, object]:
+    directory = directory.resolve()
+    state = State.load(directory)
+    if state is None:
+        raise ClusterError(f"no control plane recorded in {directory} (no state.json)")
+    alive = running_components(state)
+    code, body = api_get(state, "/readyz") if "kube-apiserver" in alive else (0, b"")
+    return {
+        "dir": state.dir,
+        "mode": state.mode,
+        "version": state.version,
+        "kubeconfig": state.kubeconfig,
+        "server": state.server,
+        "components": {
+            name: {"pid": pid, "running": name in alive} for name, pid in state.pids.items()
+        },
+        "readyz": body.decode(errors="replace").strip() if code == 200 else f"not ready ({code})",
+    }
+
+
+@contextlib.contextmanager
+def running(directory: Path, mode: str) -> Iterator[State]:
+    """``up`` for the duration of a ``with`` block, ``down`` after it, whatever happens."""
+    state = up(directory, mode)
+    try:
+        yield state
+    finally:
+        down(directory, quiet=True)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hack/cluster.py", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_cmd = commands.add_parser("build", help="build the binaries into the cache")
+    build_cmd.add_argument("--force", action="store_true", help="rebuild even if cached")
+    commands.add_parser("version", help="print the pinned Kubernetes version")
+    commands.add_parser("bin-dir", help="print the directory holding the binaries")
+    up_cmd = commands.add_parser("up", help="start a control plane")
+    up_cmd.add_argument("--mode", required=True, help="operator | reference")
+    up_cmd.add_argument("--dir", required=True, type=Path)
+    up_cmd.add_argument(
+        "--apiserver-port", type=int, default=None, help="kube-apiserver port (default: a free one)"
+    )
+    down_cmd = commands.add_parser("down", help="stop a control plane")
+    down_cmd.add_argument("--dir", required=True, type=Path)
+    down_cmd.add_argument("--clean", action="store_true", help="also delete the directory")
+    status_cmd = commands.add_parser("status", help="show a control plane's state")
+    status_cmd.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "build":
+            print(build(force=args.force))
+        elif args.command == "version":
+            print(kubernetes_version())
+        elif args.command == "bin-dir":
+            print(bin_dir())
+        elif args.command == "up":
+            state = up(args.dir, args.mode, apiserver_port=args.apiserver_port)
+            _say(f"{state.mode} mode control plane ({state.version}) ready at {state.server}")
+            print(state.kubeconfig)
+        elif args.command == "down":
+            stopped = down(args.dir, clean=args.clean)
+            _say("stopped " + (", ".join(stopped) if stopped else "nothing (none running)"))
+        elif args.command == "status":
+            print(json.dumps(status(args.dir), indent=2))
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

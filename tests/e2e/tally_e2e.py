@@ -1,0 +1,147 @@
+"""Helpers for end-to-end tests: polling, kubectl, and standing in for the missing kubelet.
+
+The local control plane has no scheduler and no kubelet, so pods stay Pending forever. Tests
+that need running or ready pods use ``set_pod_status`` to write what a kubelet would write
+(phase, conditions with timestamps) through the pods' status subresource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import subprocess
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunningOperator:
+    """A ``kopf run operator/main.py`` subprocess and where to observe it."""
+
+    process: subprocess.Popen[bytes]
+    liveness_url: str
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A running control plane as tests see it."""
+
+    kubeconfig: Path
+    mode: str
+    bin_dir: Path
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the kubectl built at the control plane's version against this control plane."""
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    until: Callable[[T], bool],
+    within: float = 30.0,
+    interval: float = 0.2,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until ``until(result)``; raise AssertionError with the last result."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = await probe()
+        if until(result):
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}; last: {result!r}")
+        await asyncio.sleep(interval)
+
+
+async def wait_for_default_service_account(api: client.ApiClient, namespace: str) -> None:
+    """Pods are rejected until the namespace's ``default`` service account exists."""
+    core = client.CoreV1Api(api)
+
+    async def names() -> set[str]:
+        accounts = await core.list_namespaced_service_account(namespace)
+        return {account.metadata.name for account in accounts.items}
+
+    await eventually(names, until=lambda found: "default" in found, what="default SA")
+
+
+def _timestamp(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def set_pod_status(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    phase: str = "Running",
+    ready: bool = True,
+    since: datetime.datetime | None = None,
+    restart_counts: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Write what a kubelet would: ``phase``, Ready/ContainersReady conditions, container states.
+
+    ``since`` is when the pod became (not) ready, the Ready condition's lastTransitionTime
+    (default now); PodSet's minReadySeconds and deletion ranking read it. Returns the pod as
+    the API server stored it.
+    """
+    core = client.CoreV1Api(api)
+    pod = await core.read_namespaced_pod(name, namespace)
+    moment = since or datetime.datetime.now(datetime.UTC)
+    condition = "True" if ready else "False"
+    containers = pod.spec.containers
+    counts = list(restart_counts) if restart_counts is not None else [0] * len(containers)
+    running = phase == "Running"
+    body = {
+        "status": {
+            "phase": phase,
+            "startTime": _timestamp(moment),
+            "conditions": [
+                {"type": "PodScheduled", "status": "True",
+                 "lastTransitionTime": _timestamp(moment)},
+                {"type": "Initialized", "status": "True",
+                 "lastTransitionTime": _timestamp(moment)},
+                {"type": "ContainersReady", "status": condition,
+                 "lastTransitionTime": _timestamp(moment)},
+                {"type": "Ready", "status": condition, "lastTransitionTime": _timestamp(moment)},
+            ],
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": ready and running,
+                    "started": running,
+                    "restartCount": count,
+                    "state": {"running": {"startedAt": _timestamp(moment)}}
+                    if running
+                    else {"waiting": {"reason": "ContainerCreating"}},
+                }
+                for container, count in zip(containers, counts, strict=True)
+            ],
+        }
+    }  # fmt: skip
+    stored = await core.patch_namespaced_pod_status(
+        name, namespace, body, _content_type="application/merge-patch+json"
+    )
+    return dict(api.sanitize_for_serialization(stored))

@@ -1,0 +1,98 @@
+"""hack/cluster.py refuses bad input with one clear line and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import cluster
+from tally_e2e import ControlPlane
+
+HACK = Path(cluster.__file__).resolve().parent
+
+
+def _run(
+    *args: str, env: dict[str, str] | None = None, script: Path | None = None
+) -> tuple[int, list[str]]:
+    result = subprocess.run(
+        [sys.executable, str(script or HACK / "cluster.py"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+    return result.returncode, [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line mentions ``text`` (a test's private directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_unknown_mode(tmp_path: Path) -> None:
+    code, lines = _run("up", "--mode", "bogus", "--dir", str(tmp_path / "plane"))
+    assert code == 1
+    assert lines == ["error: unknown mode 'bogus': expected one of operator, reference"]
+    assert not (tmp_path / "plane" / "state.json").exists()
+
+
+def test_up_on_a_directory_with_a_running_control_plane(control_plane: ControlPlane) -> None:
+    directory = control_plane.kubeconfig.parent
+    before = cluster.State.load(directory)
+    assert before is not None, "the session's control plane was started by hack/cluster.py"
+    code, lines = _run("up", "--mode", "operator", "--dir", str(directory))
+    assert code == 1
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {directory} already holds a running control plane")
+    # The running one is untouched: same processes, still serving.
+    assert cluster.State.load(directory) == before
+    assert cluster.running_components(before) == before.pids
+    assert control_plane.kubectl("get", "ns", "default", "-o", "name").stdout.strip() == (
+        "namespace/default"
+    )
+
+
+def test_port_clash(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, lines = _run(
+            "up", "--mode", "operator", "--dir", str(tmp_path), "--apiserver-port", str(port)
+        )
+    assert code == 1
+    assert lines == [f"error: port {port} for kube-apiserver is already in use on 127.0.0.1"]
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_failed_build(tmp_path: Path) -> None:
+    # A copy of hack/ whose etcd main does not compile, building into a private cache.
+    copy = tmp_path / "hack"
+    copy.mkdir()
+    shutil.copy(HACK / "cluster.py", copy / "cluster.py")
+    shutil.copytree(HACK / "k8s", copy / "k8s")
+    main_go = copy / "k8s" / "etcd" / "main.go"
+    main_go.write_text(main_go.read_text() + "\nthis is not Go\n")
+    cache = tmp_path / "cache"
+    code, lines = _run("build", env={"TALLY_K8S_CACHE": str(cache)}, script=copy / "cluster.py")
+    assert code == 1
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: building etcd failed (go build exit 1); output in ")
+    version_dir = cache / cluster.kubernetes_version()
+    assert not (version_dir / "etcd").exists()
+    assert not (version_dir / ".inputs").exists()
+    assert "expected declaration" in Path(errors[0].rsplit(" ", 1)[1]).read_text()
+    assert _processes_mentioning(str(tmp_path)) == []
