@@ -1,0 +1,55 @@
+"""tally's work queue: client-go's ``util/workqueue`` for one asyncio event loop.
+
+This package is part of tally's pure core. It imports none of ``kopf``, ``kubernetes_asyncio``
+or ``pydantic``, starts no thread, and needs no cluster. ``prometheus_client`` is imported only
+when a :class:`PrometheusMetricsProvider` is built.
+
+One concern per module, each building on the one before, as the client-go interfaces do:
+
+* ``clock``: the injectable :class:`Clock`, and :class:`FakeClock` for tests;
+* ``queue``: the plain :class:`Queue` (fair, stingy, re-adds during processing, shutdown);
+* ``delaying``: :class:`DelayingQueue` adds ``add_after``;
+* ``limiters``: the :class:`RateLimiter` protocol and its implementations;
+* ``rate_limiting``: :class:`RateLimitingQueue` adds ``add_rate_limited``, ``forget`` and
+  ``num_requeues``;
+* ``metrics``: client-go-style queue metrics, a no-op default and a Prometheus provider;
+* ``runner``: :class:`WorkerPool`, the sample-controller worker loop as guarded tasks.
+
+This module only re-exports the names controllers use. Inside the package, modules import
+each other as modules and use qualified names; this file is the one exception.
+"""
+
+from tally.workqueue.clock import Clock, FakeClock, RealClock
+from tally.workqueue.delaying import DelayingQueue
+from tally.workqueue.limiters import (
+    BucketRateLimiter,
+    ItemExponentialFailureRateLimiter,
+    ItemFastSlowRateLimiter,
+    MaxOfRateLimiter,
+    RateLimiter,
+    default_controller_rate_limiter,
+)
+from tally.workqueue.metrics import MetricsProvider, NoopMetricsProvider, PrometheusMetricsProvider
+from tally.workqueue.queue import Queue, ShutDown
+from tally.workqueue.rate_limiting import RateLimitingQueue
+from tally.workqueue.runner import WorkerPool
+
+__all__ = [
+    "BucketRateLimiter",
+    "Clock",
+    "DelayingQueue",
+    "FakeClock",
+    "ItemExponentialFailureRateLimiter",
+    "ItemFastSlowRateLimiter",
+    "MaxOfRateLimiter",
+    "MetricsProvider",
+    "NoopMetricsProvider",
+    "PrometheusMetricsProvider",
+    "Queue",
+    "RateLimiter",
+    "RateLimitingQueue",
+    "RealClock",
+    "ShutDown",
+    "WorkerPool",
+    "default_controller_rate_limiter",
+]

@@ -1,0 +1,199 @@
+"""Workers over a rate-limiting queue: the sample-controller worker loop, started and stopped
+as guarded asyncio tasks.
+
+This module owns the loop every tally controller runs, in the shape of
+``kubernetes/sample-controller``'s ``runWorker``/``processNextWorkItem``: get an item, sync it,
+``forget`` it on success or re-add it rate-limited on error, and always call ``done``. It also
+owns the lifecycle of the N worker tasks, because Kopf does not supervise tasks that handlers
+start (``on.startup`` returns, and a task that dies afterwards would die silently):
+
+* every worker task gets a done-callback that logs loudly when a worker, which should run until
+  the pool is stopped, ends early, with or without an exception;
+* :meth:`WorkerPool.stop` shuts the queue down with drain (in-flight items finish), lets the
+  workers hand out what is still queued and return, then cancels whatever is left, waits for it,
+  and logs each task that will not stop.
+
+Left out: waiting for caches to sync before starting (the caller's job, as in sample-controller's
+``Run``), restarting dead workers (a dead worker is a bug to see in the logs, not to paper over),
+and anything Kopf-specific.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+from tally.workqueue import queue as plain_queue
+from tally.workqueue import rate_limiting
+
+T = TypeVar("T", bound=Hashable)
+
+logger = logging.getLogger(__name__)
+
+#: How long :meth:`WorkerPool.stop` waits, by default, for in-flight and queued items to finish
+#: before it cancels the workers. A sync is a few API calls, normally well under a second; ten
+#: seconds leaves room for a slow API server and still fits a pod's 30 s termination grace.
+DEFAULT_STOP_TIMEOUT = 10.0
+#: How long :meth:`WorkerPool.stop` waits for cancelled workers before it gives up on them.
+DEFAULT_CANCEL_TIMEOUT = 5.0
+
+
+class WorkerPool(Generic[T]):
+    """N workers, each running the sample-controller loop over one rate-limiting queue."""
+
+    def __init__(
+        self,
+        queue: rate_limiting.RateLimitingQueue[T],
+        sync: Callable[[T], Awaitable[None]],
+        *,
+        workers: int = 5,
+        name: str = "",
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+    ) -> None:
+        """Prepare ``workers`` workers that call ``sync(item)`` for every item of ``queue``.
+
+        ``sync`` raises to ask for a rate-limited retry; returning means the item is finished
+        (errors no retry will fix should be logged and swallowed by ``sync`` itself).
+        """
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self._queue = queue
+        self._sync = sync
+        self._workers = workers
+        self.name = name or queue.name or "workqueue"
+        self._log = log if log is not None else logger
+        #: The worker tasks, created by ``start``; they end only when the queue is shut down
+        #: and empty, or when ``stop`` cancels them.
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Set by ``stop``: from then on a worker that ends is expected, not an alarm.
+        self._stopping = False
+
+    @property
+    def tasks(self) -> tuple[asyncio.Task[None], ...]:
+        """The worker tasks (for tests and for callers that want to await them)."""
+        return tuple(self._tasks)
+
+    def start(self) -> None:
+        """Start the worker tasks on the running loop. Call once, after caches have synced."""
+        if self._tasks:
+            raise RuntimeError(f"workers of {self.name!r} already started")
+        for index in range(self._workers):
+            task = asyncio.create_task(self._run_worker(), name=f"{self.name}-worker-{index}")
+            task.add_done_callback(self._on_worker_done)
+            self._tasks.append(task)
+
+    async def process_next_work_item(self) -> bool:
+        """Take one item, sync it, and settle it with the queue. ``False`` means: stop.
+
+        Exposed so tests (and a single-worker caller) can step the loop one item at a time.
+        """
+        try:
+            item = await self._queue.get()
+        except plain_queue.ShutDown:
+            return False
+        # `done` is always called, whatever happens below: it is what lets this item be
+        # processed again (the queue never hands an item out twice at once).
+        try:
+            await self._sync(item)
+        except Exception:
+            # Re-add rate-limited: one broken item backs off on its own (5 ms doubling up to
+            # 1000 s with the default limiter), and the overall bucket keeps a broken
+            # controller from spinning.
+            self._log.exception(
+                "%s: sync of %r failed (%d earlier retries); requeuing rate-limited",
+                self.name,
+                item,
+                self._queue.num_requeues(item),
+            )
+            self._queue.add_rate_limited(item)
+        else:
+            # Success: end back-off tracking, so the next failure starts again at the base
+            # delay and the limiter does not keep this item forever.
+            self._queue.forget(item)
+        finally:
+            self._queue.done(item)
+        return True
+
+    async def stop(
+        self,
+        *,
+        grace_period: float = DEFAULT_STOP_TIMEOUT,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+    ) -> None:
+        """Stop gracefully: shut the queue down with drain, let the workers return, and cancel
+        those that have not within ``grace_period`` seconds; log any that still hang after
+        ``cancel_timeout`` more seconds. If ``stop`` itself is cancelled (a second signal),
+        it cancels every worker at once and re-raises."""
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_period
+        try:
+            try:
+                await asyncio.wait_for(self._queue.shut_down_with_drain(), grace_period)
+            except TimeoutError:
+                self._log.warning(
+                    "%s: in-flight items not done after %g s; forcing shutdown",
+                    self.name,
+                    grace_period,
+                )
+                self._queue.shut_down()
+            # Workers still hand out what was queued before the shutdown, then get ShutDown.
+            pending = {task for task in self._tasks if not task.done()}
+            if pending:
+                _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+            if pending:
+                self._log.warning(
+                    "%s: cancelling %d worker(s) still busy after %g s",
+                    self.name,
+                    len(pending),
+                    grace_period,
+                )
+                await self._cancel(pending, cancel_timeout)
+        except asyncio.CancelledError:
+            self._queue.shut_down()
+            for task in self._tasks:
+                task.cancel()
+            raise
+
+    async def _cancel(self, tasks: set[asyncio.Task[None]], cancel_timeout: float) -> None:
+        for task in tasks:
+            task.cancel()
+        _, hanging = await asyncio.wait(tasks, timeout=cancel_timeout)
+        for task in hanging:
+            self._log.error(
+                "%s: worker %s did not stop %g s after cancellation; abandoning it",
+                self.name,
+                task.get_name(),
+                cancel_timeout,
+            )
+
+    async def _run_worker(self) -> None:
+        while await self.process_next_work_item():
+            pass
+
+    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
+        """Make a worker's end visible: an error unless the pool is stopping and it ended
+        cleanly or by cancellation."""
+        if task.cancelled():
+            if not self._stopping:
+                self._log.error(
+                    "%s: worker %s was cancelled unexpectedly", self.name, task.get_name()
+                )
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._log.error(
+                "%s: worker %s crashed; %s has one worker fewer",
+                self.name,
+                task.get_name(),
+                self.name,
+                exc_info=exc,
+            )
+        elif not self._stopping:
+            self._log.error(
+                "%s: worker %s exited although the pool was not stopped (queue shut down?)",
+                self.name,
+                task.get_name(),
+            )
