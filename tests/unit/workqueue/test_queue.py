@@ -15,7 +15,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from tally.workqueue import queue as wq
 
@@ -334,3 +336,54 @@ async def test_cancelled_getter_passes_its_wake_up_on() -> None:
     assert "foo" == await asyncio.wait_for(second, 1)
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+def _get_now(q: wq.Queue[int]) -> int:
+    """Run ``get`` on a non-empty queue to completion without an event loop (it never waits)."""
+    coro = q.get()
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return int(stop.value)
+    coro.close()
+    raise AssertionError("get() waited on a non-empty queue")
+
+
+# doc.go promises, checked against a reference model of queue.go's Add/Get/Done on random
+# operation sequences; the invariants are the ones documented on queue.go's struct fields.
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 4)),
+            st.tuples(st.just("get"), st.just(0)),
+            st.tuples(st.just("done"), st.integers(0, 4)),
+        ),
+        max_size=60,
+    )
+)
+def test_matches_client_go_model(ops: list[tuple[str, int]]) -> None:
+    q: wq.Queue[int] = wq.Queue()
+    queue: list[int] = []
+    dirty: set[int] = set()
+    processing: set[int] = set()
+    for op, item in ops:
+        if op == "add":
+            q.add(item)
+            if item not in dirty:
+                dirty.add(item)
+                if item not in processing:
+                    queue.append(item)
+        elif op == "get" and queue:
+            expected = queue.pop(0)
+            assert expected == _get_now(q)
+            processing.add(expected)
+            dirty.discard(expected)
+        elif op == "done" and item in processing:
+            q.done(item)
+            processing.discard(item)
+            if item in dirty:
+                queue.append(item)
+        assert len(queue) == len(q)
+        assert len(queue) == len(set(queue)), "an item is queued twice"
+        assert all(i in dirty and i not in processing for i in queue)
