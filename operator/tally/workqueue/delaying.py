@@ -38,6 +38,8 @@ class DelayingQueue(queue.Queue[T]):
     """A :class:`~tally.workqueue.queue.Queue` that can also add an item after a delay.
 
     Every promise of the plain queue holds; delayed items join it when their deadline passes.
+    With the default :class:`~tally.workqueue.clock.RealClock`, ``add_after`` with a positive
+    delay must run on the event loop (a coroutine or a loop callback), which arms the timer.
     """
 
     def __init__(
