@@ -430,17 +430,21 @@ class State:
 
 
 def _pid_runs(pid: int, binary: str) -> bool:
-    """Whether ``pid`` is alive and still the process started from ``binary``."""
+    """Whether ``pid`` is alive and still the process started from ``binary``.
+
+    Reads the executable link, not the command line: right after exec, ``/proc/PID/cmdline``
+    can still be empty for a moment, which would make a starting component look dead.
+    """
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        executable = os.readlink(f"/proc/{pid}/exe")
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     # A zombie has exited; it only waits for its parent to reap it.
     if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
-    argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
-    return os.path.basename(argv0) == binary
+    # A binary rebuilt while running shows as "<path> (deleted)".
+    return os.path.basename(executable.removesuffix(" (deleted)")) == binary
 
 
 def running_components(state: State) -> dict[str, int]:

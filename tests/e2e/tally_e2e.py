@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -141,7 +142,12 @@ async def set_pod_status(
             ],
         }
     }  # fmt: skip
-    stored = await core.patch_namespaced_pod_status(
-        name, namespace, body, _content_type="application/merge-patch+json"
+    response = await core.patch_namespaced_pod_status(
+        name,
+        namespace,
+        body,
+        _content_type="application/merge-patch+json",
+        _preload_content=False,
     )
-    return dict(api.sanitize_for_serialization(stored))
+    # The raw JSON, timestamps exactly as the API server stores them.
+    return dict(json.loads(await response.read()))

@@ -94,5 +94,5 @@ def test_failed_build(tmp_path: Path) -> None:
     version_dir = cache / cluster.kubernetes_version()
     assert not (version_dir / "etcd").exists()
     assert not (version_dir / ".inputs").exists()
-    assert "expected declaration" in Path(errors[0].rsplit(" ", 1)[1]).read_text()
+    assert "etcd/main.go:15:1: syntax error" in Path(errors[0].rsplit(" ", 1)[1]).read_text()
     assert _processes_mentioning(str(tmp_path)) == []
