@@ -6,9 +6,6 @@ queue's timer synchronously inside ``step``, so every check is immediate and not
 Not covered here: the plain queue's promises (``test_queue.py``).
 """
 
-# Expected values come before actual ones (STYLE.md), which ruff's SIM300 calls Yoda conditions.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 import asyncio

@@ -6,9 +6,6 @@ Goroutines become tasks, ``time.Sleep`` becomes ``asyncio.sleep(0)`` (a yield, n
 (``test_delaying.py``), rate limiting (``test_rate_limiting.py``), metrics.
 """
 
-# Expected values come before actual ones (STYLE.md), which ruff's SIM300 calls Yoda conditions.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 import asyncio

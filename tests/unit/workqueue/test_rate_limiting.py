@@ -6,9 +6,6 @@ delay handed to ``add_after``, and the fake clock shows the item landing at that
 not before. Not covered: the limiters' own sequences (``test_limiters.py``).
 """
 
-# Expected values come before actual ones (STYLE.md), which ruff's SIM300 calls Yoda conditions.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 from collections.abc import Hashable

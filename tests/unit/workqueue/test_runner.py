@@ -6,9 +6,6 @@ the only real waits are the few-millisecond grace periods of the stop tests. Not
 queue itself (``test_queue.py`` and friends).
 """
 
-# Expected values come before actual ones (STYLE.md), which ruff's SIM300 calls Yoda conditions.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 import asyncio

@@ -6,9 +6,6 @@ Prometheus provider's names and labels in a private registry. Named ``test_workq
 so it cannot clash with other ``test_metrics.py`` files under ``tests/``.
 """
 
-# Expected values come before actual ones (STYLE.md), which ruff's SIM300 calls Yoda conditions.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 import pytest
