@@ -138,15 +138,15 @@ def build(*, force: bool = False) -> Path:
     version = kubernetes_version()
     directory = bin_dir(version)
     directory.mkdir(parents=True, exist_ok=True)
-    go = shutil.which("go")
-    if go is None:
-        raise ClusterError(
-            "the Go toolchain (`go`) is not on PATH; it is needed to build the control plane"
-        )
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if binaries_present(version) and not force:
             return directory
+        go = shutil.which("go")
+        if go is None:
+            raise ClusterError(
+                "the Go toolchain (`go`) is not on PATH; it is needed to build the control plane"
+            )
         minor = version.lstrip("v").split(".")[1]
         ldflags = " ".join(
             [

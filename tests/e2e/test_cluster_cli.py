@@ -96,3 +96,20 @@ def test_failed_build(tmp_path: Path) -> None:
     assert not (version_dir / ".inputs").exists()
     assert "etcd/main.go:15:1: syntax error" in Path(errors[0].rsplit(" ", 1)[1]).read_text()
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_build_with_a_present_cache_builds_nothing() -> None:
+    # The session's control plane already needed the binaries, so they are in the cache: a
+    # second build (a second `make test`) must not run the Go toolchain at all.
+    started = os.stat(cluster.bin_dir() / "kube-apiserver").st_mtime_ns
+    result = subprocess.run(
+        [sys.executable, str(HACK / "cluster.py"), "build"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": "/nonexistent"},  # no `go` to run, should it try
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(cluster.bin_dir())
+    assert "building" not in result.stderr
+    assert os.stat(cluster.bin_dir() / "kube-apiserver").st_mtime_ns == started
