@@ -1,0 +1,213 @@
+"""In-memory caches of the objects quota is computed from: one store per group/resource.
+
+A store keeps, per namespace and name, a compact *projection* of each object (whatever the
+evaluator's ``project`` returns; for pods a small frozen record instead of the whole JSON), the
+object's uid and resourceVersion, and when it was last written. It is fed two ways:
+
+* **events** (``upsert`` / ``delete``), from watch streams;
+* **lists** (``replace``), a fresh LIST of the whole kind. This is upstream's informer
+  ``Replace``: it is how a store becomes *synced* the first time, and how it drops the ghosts
+  that a watch gap leaves behind (an object deleted while no watch was open never produces a
+  DELETED event; Kopf re-lists after a gap but never reports what disappeared).
+
+Invariants:
+
+* An event never goes backwards: an ``upsert`` whose uid and resourceVersion equal the stored
+  ones is dropped (a resync or re-list replays objects unchanged, and a controller must not
+  treat that as an update).
+* A LIST is a snapshot taken at some moment; events that arrived while it was in flight are
+  newer. ``replace(items, started_at)`` therefore leaves alone every entry written, and every
+  deletion recorded, at or after ``started_at``; it only fixes entries older than the list.
+* ``synced`` is set by the first ``replace`` and never cleared: readers (the quota controller's
+  workers, admission) wait on it, like upstream's ``WaitForCacheSync``.
+
+Pure: no Kopf, no API client. Time comes from an injectable monotonic clock. Everything runs
+on one event loop, so no method awaits and none needs a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+P = TypeVar("P")
+
+Obj = Mapping[str, Any]
+Key = tuple[str, str]
+"""(namespace, name); namespace ``""`` for cluster-scoped objects."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[P]):
+    """What a store keeps for one object."""
+
+    uid: str
+    resource_version: str
+    projection: P
+    written_at: float
+    """Monotonic time of the event or list that wrote this entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change(Generic[P]):
+    """One effective change to a store, for the caller's event handlers (replenishment)."""
+
+    namespace: str
+    name: str
+    old: P | None
+    """None when the object is new to the store."""
+    new: P | None
+    """None when the object left the store."""
+
+
+class StoreError(ValueError):
+    """An object without the metadata a store needs (name, uid)."""
+
+
+def object_key(obj: Obj) -> Key:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
+        raise StoreError("object has no metadata.name")
+    namespace = metadata.get("namespace") or ""
+    if not isinstance(namespace, str):
+        raise StoreError("metadata.namespace is not a string")
+    return namespace, metadata["name"]
+
+
+def _uid_and_version(obj: Obj) -> tuple[str, str]:
+    metadata = obj["metadata"]
+    return str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or "")
+
+
+class Store(Generic[P]):
+    """Projections of one kind's objects, indexed by namespace."""
+
+    def __init__(
+        self,
+        project: Callable[[Obj], P],
+        *,
+        name: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._project = project
+        self._clock = clock
+        # namespace -> name -> entry. Empty namespaces are removed, so iterating namespaces
+        # never visits one with nothing in it.
+        self._entries: dict[str, dict[str, Entry[P]]] = {}
+        # Deletions seen by events: key -> (uid, when). A LIST that started before a deletion
+        # may still contain the object; this keeps ``replace`` from resurrecting it. Pruned on
+        # every ``replace``: a deletion older than the list start is reflected by the list.
+        self._deleted: dict[Key, tuple[str, float]] = {}
+        self._synced = asyncio.Event()
+
+    # -- reading
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def get(self, namespace: str, name: str) -> P | None:
+        entry = self._entries.get(namespace, {}).get(name)
+        return entry.projection if entry is not None else None
+
+    def entry(self, namespace: str, name: str) -> Entry[P] | None:
+        return self._entries.get(namespace, {}).get(name)
+
+    def in_namespace(self, namespace: str) -> Iterator[P]:
+        """Projections of every object in ``namespace`` (objects being deleted included)."""
+        return (entry.projection for entry in self._entries.get(namespace, {}).values())
+
+    def namespaces(self) -> list[str]:
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        return sum(len(names) for names in self._entries.values())
+
+    # -- writing from events
+
+    def upsert(self, obj: Obj) -> Change[P] | None:
+        """Store ``obj`` (ADDED or MODIFIED); None when nothing changed."""
+        namespace, name = object_key(obj)
+        uid, version = _uid_and_version(obj)
+        old = self.entry(namespace, name)
+        now = self._clock()
+        if old is not None and old.uid == uid and old.resource_version == version:
+            # A replay of what we hold (re-list, resync): not an update. Still refresh the
+            # write time: the object demonstrably exists now.
+            self._entries[namespace][name] = Entry(uid, version, old.projection, now)
+            return None
+        # Project first: an object the evaluator rejects changes nothing.
+        projection = self._project(obj)
+        self._deleted.pop((namespace, name), None)
+        self._entries.setdefault(namespace, {})[name] = Entry(uid, version, projection, now)
+        return Change(namespace, name, old.projection if old is not None else None, projection)
+
+    def delete(self, obj: Obj) -> Change[P] | None:
+        """Forget ``obj`` (DELETED); None if it was not stored."""
+        namespace, name = object_key(obj)
+        uid, _ = _uid_and_version(obj)
+        self._deleted[(namespace, name)] = (uid, self._clock())
+        names = self._entries.get(namespace)
+        if names is None:
+            return None
+        old = names.get(name)
+        if old is None or (uid and old.uid and old.uid != uid):
+            # A delete for an older incarnation of a re-created object leaves the new one.
+            return None
+        del names[name]
+        if not names:
+            del self._entries[namespace]
+        return Change(namespace, name, old.projection, None)
+
+    # -- writing from lists
+
+    def replace(self, items: Iterable[Obj], started_at: float) -> list[Change[P]]:
+        """Reconcile with a complete LIST that was started at ``started_at`` (monotonic).
+
+        Returns the effective changes: objects the list has that the store missed or held in
+        an older version, and ghosts the store held that the list does not have. Entries and
+        deletions recorded by events at or after ``started_at`` win over the list.
+        """
+        changes: list[Change[P]] = []
+        listed: set[Key] = set()
+        for obj in items:
+            key = object_key(obj)
+            listed.add(key)
+            uid, version = _uid_and_version(obj)
+            deleted = self._deleted.get(key)
+            if deleted is not None and deleted[1] >= started_at and deleted[0] in ("", uid):
+                continue  # deleted by an event after the list was taken
+            current = self.entry(*key)
+            if current is not None and current.written_at >= started_at:
+                continue  # an event after the list start is newer than the list
+            if current is not None and current.uid == uid and current.resource_version == version:
+                continue
+            projection = self._project(obj)
+            self._entries.setdefault(key[0], {})[key[1]] = Entry(
+                uid, version, projection, self._clock()
+            )
+            changes.append(
+                Change(key[0], key[1], current.projection if current else None, projection)
+            )
+        for namespace in list(self._entries):
+            names = self._entries[namespace]
+            for name in list(names):
+                entry = names[name]
+                if (namespace, name) in listed or entry.written_at >= started_at:
+                    continue
+                del names[name]  # a ghost: deleted while nobody was watching
+                changes.append(Change(namespace, name, entry.projection, None))
+            if not names:
+                del self._entries[namespace]
+        self._deleted = {
+            key: deleted for key, deleted in self._deleted.items() if deleted[1] >= started_at
+        }
+        self._synced.set()
+        return changes

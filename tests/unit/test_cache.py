@@ -1,0 +1,184 @@
+"""tally.cache.Store: events, the re-list reconciliation (no ghosts), and the synced gate.
+
+The list/event interleavings are the ones client-go's DeltaFIFO ``Replace`` exists for: an
+object deleted during a watch gap, an event newer than an in-flight LIST, a re-created object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tally.cache import Change, Store, StoreError
+
+pytestmark = pytest.mark.unit
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def obj(name: str, rv: str, uid: str | None = None, ns: str = "a", **data: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid or f"uid-{name}",
+            "resourceVersion": rv,
+        },
+        **data,
+    }
+
+
+def project(o: Any) -> str:
+    """A projection that shows which version was stored."""
+    return f"{o['metadata']['name']}@{o['metadata']['resourceVersion']}"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> Store[str]:
+    return Store(project, clock=clock)
+
+
+def test_upsert_reports_changes_and_drops_replays(store: Store[str]) -> None:
+    assert store.upsert(obj("p", "1")) == Change("a", "p", None, "p@1")
+    # Same uid and resourceVersion: a resync replay, not an update (sample-controller).
+    assert store.upsert(obj("p", "1")) is None
+    assert store.upsert(obj("p", "2")) == Change("a", "p", "p@1", "p@2")
+    assert list(store.in_namespace("a")) == ["p@2"]
+    assert len(store) == 1
+
+
+def test_delete_and_namespaces(store: Store[str]) -> None:
+    store.upsert(obj("p", "1"))
+    store.upsert(obj("q", "1", ns="b"))
+    assert sorted(store.namespaces()) == ["a", "b"]
+    assert store.delete(obj("p", "2")) == Change("a", "p", "p@1", None)
+    assert store.delete(obj("p", "2")) is None
+    assert store.namespaces() == ["b"]
+    assert list(store.in_namespace("a")) == []
+
+
+def test_delete_of_an_older_incarnation_keeps_the_new_object(store: Store[str]) -> None:
+    store.upsert(obj("p", "5", uid="new"))
+    assert store.delete(obj("p", "3", uid="old")) is None
+    assert store.get("a", "p") == "p@5"
+
+
+def test_first_replace_syncs_and_fills(store: Store[str], clock: FakeClock) -> None:
+    assert not store.synced
+    changes = store.replace([obj("p", "1"), obj("q", "1", ns="b")], started_at=clock.now)
+    assert store.synced
+    assert sorted((c.namespace, c.name, c.old, c.new) for c in changes) == [
+        ("a", "p", None, "p@1"),
+        ("b", "q", None, "q@1"),
+    ]
+
+
+def test_replace_drops_ghosts_deleted_during_a_watch_gap(
+    store: Store[str], clock: FakeClock
+) -> None:
+    store.replace([obj("p", "1"), obj("q", "1")], started_at=clock.now)
+    clock.now += 10
+    # q was deleted while the watch was down: no DELETED event; the next LIST lacks it.
+    changes = store.replace([obj("p", "1")], started_at=clock.now)
+    assert changes == [Change("a", "q", "q@1", None)]
+    assert list(store.in_namespace("a")) == ["p@1"]
+
+
+def test_replace_keeps_what_events_wrote_after_the_list_started(
+    store: Store[str], clock: FakeClock
+) -> None:
+    store.replace([obj("p", "1")], started_at=clock.now)
+    clock.now += 10
+    list_started = clock.now
+    clock.now += 1
+    # While the LIST was in flight: r was created, p was updated, and the list has neither.
+    store.upsert(obj("r", "7"))
+    store.upsert(obj("p", "8"))
+    changes = store.replace([obj("p", "1")], started_at=list_started)
+    assert changes == []
+    assert sorted(store.in_namespace("a")) == ["p@8", "r@7"]
+
+
+def test_replace_does_not_resurrect_an_object_deleted_after_the_list_started(
+    store: Store[str], clock: FakeClock
+) -> None:
+    store.replace([obj("p", "1")], started_at=clock.now)
+    clock.now += 10
+    list_started = clock.now
+    clock.now += 1
+    store.delete(obj("p", "2"))
+    assert store.replace([obj("p", "1")], started_at=list_started) == []
+    assert store.get("a", "p") is None
+
+
+def test_replace_takes_newer_versions_and_recreations(store: Store[str], clock: FakeClock) -> None:
+    store.replace([obj("p", "1"), obj("q", "1", uid="q-old")], started_at=clock.now)
+    clock.now += 10
+    changes = store.replace([obj("p", "4"), obj("q", "9", uid="q-new")], started_at=clock.now)
+    assert sorted((c.name, c.old, c.new) for c in changes) == [
+        ("p", "p@1", "p@4"),
+        ("q", "q@1", "q@9"),
+    ]
+    assert store.entry("a", "q") is not None
+    assert store.entry("a", "q").uid == "q-new"  # type: ignore[union-attr]
+
+
+def test_an_old_deletion_does_not_hide_a_listed_recreation(
+    store: Store[str], clock: FakeClock
+) -> None:
+    store.upsert(obj("p", "1", uid="first"))
+    store.delete(obj("p", "2", uid="first"))
+    clock.now += 10
+    # The list started after the deletion, so the object it shows is a re-creation.
+    changes = store.replace([obj("p", "3", uid="second")], started_at=clock.now)
+    assert changes == [Change("a", "p", None, "p@3")]
+
+
+async def test_wait_synced_returns_after_the_first_replace(store: Store[str]) -> None:
+    store.replace([], started_at=0.0)
+    await store.wait_synced()
+    assert store.synced
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({}, id="no-metadata"),
+        pytest.param({"metadata": {"namespace": "a"}}, id="no-name"),
+        pytest.param({"metadata": {"name": "p", "namespace": 3}}, id="namespace-not-a-string"),
+    ],
+)
+def test_objects_without_metadata_are_rejected_and_change_nothing(
+    store: Store[str], bad: dict[str, Any]
+) -> None:
+    with pytest.raises(StoreError):
+        store.upsert(bad)
+    assert len(store) == 0
+
+
+def test_an_object_the_projection_rejects_changes_nothing(clock: FakeClock) -> None:
+    def strict(o: Any) -> str:
+        if "bad" in o:
+            raise ValueError("spec.containers: expected a list")
+        return project(o)
+
+    store: Store[str] = Store(strict, clock=clock)
+    store.upsert(obj("p", "1"))
+    with pytest.raises(ValueError, match=r"spec\.containers"):
+        store.upsert(obj("p", "2", bad=True))
+    with pytest.raises(ValueError, match=r"spec\.containers"):
+        store.upsert(obj("q", "1", ns="b", bad=True))
+    assert store.get("a", "p") == "p@1"
+    assert store.namespaces() == ["a"]
