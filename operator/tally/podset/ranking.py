@@ -231,6 +231,13 @@ class ActivePodsWithRanks:
         return [self.pods[i] for i in order]
 
 
+def active_pods_with_ranks(
+    pods: Sequence[Obj], ranks: Sequence[int], now: dt.datetime | None
+) -> list[Obj]:
+    """``pods`` in deletion order with the given ranks (``sort.Sort(ActivePodsWithRanks)``)."""
+    return ActivePodsWithRanks(pods=pods, rank=ranks, now=now).sorted_pods()
+
+
 def get_pods_ranked_by_related_pods_on_same_node(
     pods_to_rank: Sequence[Obj], related_pods: Iterable[Obj], now: dt.datetime | None
 ) -> ActivePodsWithRanks:

@@ -50,6 +50,22 @@ more doomed API calls and Warning events per sync; the number of batches is
 round trips for a large scale-up. With 1: 500 pods take 9 batches (1, 2, 4, ..., 256, 245), and
 a denied create costs one call per sync."""
 
+# Event reasons and messages (upstream ``controller_utils.go``; the ``FailedCreate`` and
+# ``FailedDelete`` reasons double as the ReplicaFailure condition reasons in tally.podset.status).
+SUCCESSFUL_CREATE_POD_REASON = "SuccessfulCreate"
+"""Normal event after a create: ``Created pod: <name>``."""
+FAILED_CREATE_POD_REASON = "FailedCreate"
+"""Warning event after a failed create: ``Error creating: <error>`` (not sent when the namespace
+is terminating)."""
+SUCCESSFUL_DELETE_POD_REASON = "SuccessfulDelete"
+"""Normal event after a delete: ``Deleted pod: <name>``."""
+FAILED_DELETE_POD_REASON = "FailedDelete"
+"""Warning event after a failed delete (not NotFound): ``Error deleting: <error>``; the error
+returned to the sync is then ``unable to delete pods: <error>``."""
+NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
+"""``status.details.causes[].type`` of a create refused because the namespace is being deleted
+(``v1.NamespaceTerminatingCause``): such a create counts as a success in slow start."""
+
 _DNS1123_SUBDOMAIN = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )

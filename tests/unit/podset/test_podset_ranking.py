@@ -218,6 +218,11 @@ class TestSortingActivePodsWithRanks:
             ranked = ranking.ActivePodsWithRanks(pods=shuffled, rank=[0] * len(pods), now=NOW)
             assert want == [pod["metadata"]["name"] for pod in ranked.sorted_pods()]
 
+    # upstream: sort.Sort(ActivePodsWithRanks) as getPodsToDelete calls it
+    def test_active_pods_with_ranks_sorts(self) -> None:
+        got = ranking.active_pods_with_ranks([READY_THEN, UNSCHEDULED, READY_NOW], [0, 0, 0], NOW)
+        assert ["unscheduled", "ready-now", "ready-then"] == [p["metadata"]["name"] for p in got]
+
     # derived from GetDeletionCostFromPodAnnotations: an invalid cost ranks as 0
     def test_invalid_deletion_cost_is_zero(self) -> None:
         invalid = _pod("invalid", "node", "Running", True, 0, NOW, NOW, {COST: "+10"})
