@@ -1,0 +1,756 @@
+"""The pod evaluator: what a pod charges against quota, and which pods a quota scope covers.
+
+A port of upstream ``pkg/quota/v1/evaluator/core/pods.go`` with the pod resource formula of
+``k8s.io/component-helpers/resource/helpers.go`` (``PodRequests``/``PodLimits``) and the QoS
+rule of ``pkg/apis/core/v1/helper/qos``. The feature gates are fixed at their 1.34+ defaults:
+``PodLevelResources`` and ``InPlacePodVerticalScaling`` on, the alpha
+``InPlacePodLevelResourcesVerticalScaling`` and DRA node-allocatable claims off.
+
+Usage of one pod:
+
+- ``count/pods`` = 1 for every pod in storage. A pod that no longer counts (phase Failed or
+  Succeeded, or deleted and past its grace period at the evaluator's clock) charges nothing
+  else.
+- Otherwise ``pods`` = 1 plus compute usage from the pod's requests and limits: containers
+  summed; init containers walked in order, a restartable one (``restartPolicy: Always``, a
+  sidecar) adding to the running total, a regular one needing its own requests plus the
+  sidecars started before it; the element-wise max of the two; pod-level ``spec.resources``
+  (cpu, memory, hugepages-*) replacing computed values; ``spec.overhead`` added to requests and
+  to limits that exist and are non-zero. With in-place resize, each container's value is the
+  max of spec, ``allocatedResources`` and actual ``status.resources`` (actual and allocated
+  only, while a resize is marked Infeasible).
+
+Projection, and why: the controller keeps every pod of the cluster cached (10 000+), and the
+full JSON of a pod costs kilobytes of dicts and strings. :class:`PodProjection` keeps only what
+quota needs: the scope facts (terminating, best-effort, priority class, cross-namespace
+affinity), when the pod stops counting (terminal phase, deletion deadline), the precomputed
+usage as a tuple of (name, Quantity) pairs with quantities shared through the parse cache, and
+a fingerprint of the container-status resources for the replenishment filter. Every method
+accepts either a pod mapping or a projection; :meth:`PodEvaluator.usage_stats` is the hot path
+and on projections does no parsing at all (``bench/usage.py`` measures both forms).
+
+Upstream error text kept byte for byte: ``must specify cpu for: bar,foo; memory for: bar,foo``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from tally import resources as quota
+from tally.evaluators import base
+from tally.evaluators.base import (
+    Clock,
+    ConstraintError,
+    GroupResource,
+    Obj,
+    ObjectError,
+    Operation,
+    ScopeName,
+    ScopeRequirement,
+    get_list,
+    get_mapping,
+    get_resource_list,
+    get_str,
+    parse_timestamp,
+)
+from tally.quantity import Quantity
+from tally.resources import ResourceList
+from tally.selectors import Operator, Requirement, is_qualified_name
+
+__all__ = [
+    "POD_RESOURCES",
+    "PodEvaluator",
+    "PodProjection",
+    "is_best_effort",
+    "is_extended_resource_name",
+    "is_terminating",
+    "pod_compute_usage",
+    "pod_limits",
+    "pod_requests",
+    "project_pod",
+    "quota_v1_pod",
+    "uses_cross_namespace_pod_affinity",
+]
+
+PODS: Final = GroupResource("", "pods")
+POD_OBJECT_COUNT_NAME: Final = "count/pods"
+
+POD_RESOURCES: Final = frozenset(
+    {
+        POD_OBJECT_COUNT_NAME,
+        "cpu",
+        "memory",
+        "ephemeral-storage",
+        "requests.cpu",
+        "requests.memory",
+        "requests.ephemeral-storage",
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+        "pods",
+    }
+)
+"""Names the pod evaluator always measures (upstream ``podResources``)."""
+
+_HUGEPAGES_PREFIX: Final = "hugepages-"
+_REQUESTS_PREFIX: Final = "requests."
+_POD_RESOURCE_PREFIXES: Final = (_HUGEPAGES_PREFIX, "requests.hugepages-")
+_DEVICE_CLASS_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
+
+# NOTE (upstream): it was a mistake, but if a quota tracks cpu or memory, every container must
+# set them. Do not add to this list.
+_VALIDATION_SET: Final = frozenset(
+    {"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"}
+)
+
+_ONE: Final = Quantity.from_int(1)
+_COUNT_ONLY: Final[tuple[tuple[str, Quantity], ...]] = ((POD_OBJECT_COUNT_NAME, _ONE),)
+_TERMINAL_PHASES: Final = frozenset({"Failed", "Succeeded"})
+
+
+# -- resource names --
+
+
+def _is_native_resource(name: str) -> bool:
+    """Unprefixed names and names under ``kubernetes.io/`` (``helper.IsNativeResource``)."""
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """A pod resource counted as ``requests.<name>`` (``IsDRAExtendedResourceName``)."""
+    if name.startswith(_DEVICE_CLASS_PREFIX):
+        # Implicit DRA extended resources: deviceclass.resource.kubernetes.io/<class>.
+        return True
+    if _is_native_resource(name) or name.startswith(_REQUESTS_PREFIX):
+        return False
+    return is_qualified_name(_REQUESTS_PREFIX + name)
+
+
+def _is_extended_resource_name_for_quota(name: str) -> bool:
+    """``requests.<ext>`` quota names the evaluator matches (``isExtendedResourceNameForQuota``)."""
+    if not name.startswith(_REQUESTS_PREFIX):
+        return False
+    return not _is_native_resource(name) or name.startswith(_REQUESTS_PREFIX + _DEVICE_CLASS_PREFIX)
+
+
+def _is_supported_pod_level_resource(name: str) -> bool:
+    return name in ("cpu", "memory") or name.startswith(_HUGEPAGES_PREFIX)
+
+
+# -- pod resource formula (component-helpers/resource) --
+
+
+def _add_into(target: dict[str, Quantity], other: ResourceList | None) -> None:
+    """``addResourceList``: ``Quantity.Add`` per name."""
+    if not other:
+        return
+    for name, quantity in other.items():
+        current = target.get(name)
+        target[name] = quantity if current is None else current + quantity
+
+
+def _max_into(target: dict[str, Quantity], other: ResourceList | None) -> None:
+    """``maxResourceList``: take ``other``'s value when missing or strictly greater."""
+    if not other:
+        return
+    for name, quantity in other.items():
+        current = target.get(name)
+        if current is None or quantity.nanos > current.nanos:
+            target[name] = quantity
+
+
+def _max_of(first: ResourceList | None, *others: ResourceList | None) -> dict[str, Quantity]:
+    result = dict(first or {})
+    for other in others:
+        _max_into(result, other)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Container:
+    """The parts of one container (or its status) the formula reads, parsed once."""
+
+    name: str
+    restartable: bool
+    requests: dict[str, Quantity]
+    limits: dict[str, Quantity]
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    allocated: dict[str, Quantity] | None
+    resources_requests: dict[str, Quantity] | None
+    resources_limits: dict[str, Quantity] | None
+
+
+def _parse_container(raw: object, field: str) -> _Container:
+    if not isinstance(raw, Mapping):
+        raise ObjectError(field, f"expected an object, got {type(raw).__name__}")
+    resources = get_mapping(raw, "resources", f"{field}.resources")
+    return _Container(
+        name=get_str(raw, "name", f"{field}.name"),
+        restartable=raw.get("restartPolicy") == "Always",
+        requests=get_resource_list(resources, "requests", f"{field}.resources.requests"),
+        limits=get_resource_list(resources, "limits", f"{field}.resources.limits"),
+    )
+
+
+def _parse_status(raw: object, field: str) -> tuple[str, _Status]:
+    if not isinstance(raw, Mapping):
+        raise ObjectError(field, f"expected an object, got {type(raw).__name__}")
+    allocated = (
+        None
+        if raw.get("allocatedResources") is None
+        else get_resource_list(raw, "allocatedResources", f"{field}.allocatedResources")
+    )
+    resources = raw.get("resources")
+    requests = limits = None
+    if resources is not None:
+        res = get_mapping(raw, "resources", f"{field}.resources")
+        if res.get("requests") is not None:
+            requests = get_resource_list(res, "requests", f"{field}.resources.requests")
+        if res.get("limits") is not None:
+            limits = get_resource_list(res, "limits", f"{field}.resources.limits")
+    return get_str(raw, "name", f"{field}.name"), _Status(allocated, requests, limits)
+
+
+@dataclass(frozen=True, slots=True)
+class _PodResources:
+    """A pod's containers, statuses and pod-level fields, parsed once for the formula."""
+
+    containers: tuple[_Container, ...]
+    init_containers: tuple[_Container, ...]
+    statuses: dict[str, _Status]
+    infeasible: bool
+    pod_requests: dict[str, Quantity] | None
+    pod_limits: dict[str, Quantity] | None
+    overhead: dict[str, Quantity]
+
+    @classmethod
+    def parse(cls, pod: Obj) -> _PodResources:
+        spec = get_mapping(pod, "spec")
+        status = get_mapping(pod, "status")
+        containers = tuple(
+            _parse_container(c, f"spec.containers[{i}]")
+            for i, c in enumerate(get_list(spec, "containers", "spec.containers"))
+        )
+        init_containers = tuple(
+            _parse_container(c, f"spec.initContainers[{i}]")
+            for i, c in enumerate(get_list(spec, "initContainers", "spec.initContainers"))
+        )
+        statuses: dict[str, _Status] = {}
+        # findContainerStatus looks through containerStatuses first, then init statuses.
+        for key in ("containerStatuses", "initContainerStatuses"):
+            for i, raw in enumerate(get_list(status, key, f"status.{key}")):
+                name, parsed = _parse_status(raw, f"status.{key}[{i}]")
+                statuses.setdefault(name, parsed)
+        pod_level = spec.get("resources")
+        pod_requests = pod_limits = None
+        if pod_level is not None:
+            pod_res = get_mapping(spec, "resources", "spec.resources")
+            pod_requests = get_resource_list(pod_res, "requests", "spec.resources.requests")
+            pod_limits = get_resource_list(pod_res, "limits", "spec.resources.limits")
+        return cls(
+            containers=containers,
+            init_containers=init_containers,
+            statuses=statuses,
+            infeasible=_is_pod_resize_infeasible(status),
+            pod_requests=pod_requests,
+            pod_limits=pod_limits,
+            overhead=get_resource_list(spec, "overhead", "spec.overhead"),
+        )
+
+    def aggregate(self, fn: _ContainerFn) -> dict[str, Quantity]:
+        """``aggregateContainerResourcesByFn``: containers, sidecars and init containers."""
+        result: dict[str, Quantity] = {}
+        for container in self.containers:
+            _add_into(result, fn(container, self.statuses.get(container.name), self.infeasible))
+        sidecars: dict[str, Quantity] = {}
+        init_max: dict[str, Quantity] = {}
+        for container in self.init_containers:
+            own = fn(container, self.statuses.get(container.name), self.infeasible)
+            if container.restartable:
+                # A sidecar keeps running: it adds to the pod total and to every later init
+                # container's footprint.
+                _add_into(result, own)
+                _add_into(sidecars, own)
+                footprint = dict(sidecars)
+            else:
+                footprint = dict(own or {})
+                _add_into(footprint, sidecars)
+            _max_into(init_max, footprint)
+        _max_into(result, init_max)
+        return result
+
+    def pod_level_requests_set(self) -> bool:
+        return any(_is_supported_pod_level_resource(n) for n in self.pod_requests or ())
+
+    def pod_level_resources_set(self) -> bool:
+        return self.pod_level_requests_set() or any(
+            _is_supported_pod_level_resource(n) for n in self.pod_limits or ()
+        )
+
+
+_ContainerFn: TypeAlias = Callable[[_Container, _Status | None, bool], ResourceList | None]
+"""Picks one container's resources: (container, its status or None, resize infeasible)."""
+
+
+def _is_pod_resize_infeasible(status: Mapping[str, Any]) -> bool:
+    for i, condition in enumerate(get_list(status, "conditions", "status.conditions")):
+        if not isinstance(condition, Mapping):
+            raise ObjectError(f"status.conditions[{i}]", "expected an object")
+        if condition.get("type") == "PodResizePending":
+            return condition.get("reason") == "Infeasible"
+    return False
+
+
+def _spec_requests(c: _Container, _s: _Status | None, _inf: bool) -> ResourceList:
+    return c.requests
+
+
+def _allocated_requests(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
+    if s is not None and s.allocated is not None:
+        return s.allocated
+    return None if infeasible else c.requests
+
+
+def _actuated_requests(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
+    if s is not None and s.resources_requests is not None:
+        return s.resources_requests
+    if s is not None and s.allocated is not None:
+        return s.allocated
+    return None if infeasible else c.requests
+
+
+def _spec_limits(c: _Container, _s: _Status | None, _inf: bool) -> ResourceList:
+    return c.limits
+
+
+def _actuated_limits(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
+    if s is not None and s.resources_limits is not None:
+        return s.resources_limits
+    return None if infeasible else c.limits
+
+
+def _pod_requests(res: _PodResources) -> dict[str, Quantity]:
+    spec = res.aggregate(_spec_requests)
+    allocated = res.aggregate(_allocated_requests)
+    actuated = res.aggregate(_actuated_requests)
+    reqs = _max_of(actuated, allocated) if res.infeasible else _max_of(spec, actuated, allocated)
+    if res.pod_level_requests_set():
+        for name, quantity in (res.pod_requests or {}).items():
+            if _is_supported_pod_level_resource(name):
+                reqs[name] = quantity
+    _add_into(reqs, res.overhead)
+    return reqs
+
+
+def _pod_limits(res: _PodResources) -> dict[str, Quantity]:
+    spec = res.aggregate(_spec_limits)
+    actuated = res.aggregate(_actuated_limits)
+    limits = dict(actuated) if res.infeasible else _max_of(spec, actuated)
+    if res.pod_level_resources_set():
+        for name, quantity in (res.pod_limits or {}).items():
+            if _is_supported_pod_level_resource(name):
+                limits[name] = quantity
+    # Overhead only raises limits that are set and non-zero: an unset limit stays unlimited.
+    for name, quantity in res.overhead.items():
+        current = limits.get(name)
+        if current is not None and current.nanos != 0:
+            limits[name] = current + quantity
+    return limits
+
+
+def pod_requests(pod: Obj) -> dict[str, Quantity]:
+    """Effective pod requests (``resourcehelper.PodRequests``) with overhead."""
+    return _pod_requests(_PodResources.parse(pod))
+
+
+def pod_limits(pod: Obj) -> dict[str, Quantity]:
+    """Effective pod limits (``resourcehelper.PodLimits``) with overhead on non-zero limits."""
+    return _pod_limits(_PodResources.parse(pod))
+
+
+def pod_compute_usage(requests: ResourceList, limits: ResourceList) -> dict[str, Quantity]:
+    """Quota names charged for given requests and limits (upstream ``podComputeUsageHelper``)."""
+    result: dict[str, Quantity] = {"pods": _ONE}
+    for resource in ("cpu", "memory", "ephemeral-storage"):
+        request = requests.get(resource)
+        if request is not None:
+            result[resource] = request
+            result[_REQUESTS_PREFIX + resource] = request
+        limit = limits.get(resource)
+        if limit is not None:
+            result["limits." + resource] = limit
+    for name, request in requests.items():
+        if name.startswith(_HUGEPAGES_PREFIX):
+            result[name] = request
+            result[_REQUESTS_PREFIX + name] = request
+        if is_extended_resource_name(name):
+            # Extended resources cannot be overcommitted: only requests.<name> is quota'd.
+            result[_REQUESTS_PREFIX + name] = request
+    return result
+
+
+# -- pod facts --
+
+
+def is_terminating(pod: Obj) -> bool:
+    """``spec.activeDeadlineSeconds`` is set and ``>= 0`` (upstream ``IsTerminating``)."""
+    deadline = get_mapping(pod, "spec").get("activeDeadlineSeconds")
+    if deadline is None:
+        return False
+    if isinstance(deadline, bool) or not isinstance(deadline, int):
+        raise ObjectError("spec.activeDeadlineSeconds", f"expected an integer, got {deadline!r}")
+    return deadline >= 0
+
+
+def _resource_qos_best_effort(requests: ResourceList, limits: ResourceList) -> bool | None:
+    """``resourceQOS`` reduced to what quota needs: True BestEffort, False Guaranteed, None
+    Burstable (only cpu and memory decide)."""
+    if not requests and not limits:
+        return True
+    best_effort: bool | None = None
+    for name in ("cpu", "memory"):
+        request = requests.get(name)
+        limit = limits.get(name)
+        req = 0 if request is None else request.nanos
+        lim = 0 if limit is None else limit.nanos
+        if req != lim:
+            return None
+        zero = req == 0
+        if best_effort is None:
+            best_effort = zero
+        elif best_effort != zero:
+            return None
+    return best_effort
+
+
+def _is_best_effort(pod: Obj, res: _PodResources | None = None) -> bool:
+    qos_class = get_str(get_mapping(pod, "status"), "qosClass", "status.qosClass")
+    if qos_class:
+        # The API server records the class at creation; upstream GetPodQOS trusts it.
+        return qos_class == "BestEffort"
+    res = res or _PodResources.parse(pod)
+    if res.pod_requests is not None:
+        # Pod-level resources decide alone when spec.resources is present.
+        return _resource_qos_best_effort(res.pod_requests, res.pod_limits or {}) is True
+    classes = {
+        _resource_qos_best_effort(c.requests, c.limits)
+        for c in (*res.init_containers, *res.containers)
+    }
+    if not classes:
+        return True
+    return classes == {True}
+
+
+def is_best_effort(pod: Obj) -> bool:
+    """The pod's QoS class is BestEffort (``qos.GetPodQOS``)."""
+    return _is_best_effort(pod)
+
+
+def _cross_namespace_terms(terms: Sequence[Any], field: str, weighted: bool) -> bool:
+    for i, term in enumerate(terms):
+        if not isinstance(term, Mapping):
+            raise ObjectError(f"{field}[{i}]", "expected an object")
+        if weighted:
+            term = get_mapping(term, "podAffinityTerm", f"{field}[{i}].podAffinityTerm")
+        namespaces = get_list(term, "namespaces", f"{field}[{i}].namespaces")
+        if namespaces or term.get("namespaceSelector") is not None:
+            return True
+    return False
+
+
+def uses_cross_namespace_pod_affinity(pod: Obj) -> bool:
+    """Some (anti-)affinity term names namespaces or has a namespace selector."""
+    affinity = get_mapping(get_mapping(pod, "spec"), "affinity", "spec.affinity")
+    for kind in ("podAffinity", "podAntiAffinity"):
+        section = get_mapping(affinity, kind, f"spec.affinity.{kind}")
+        field = f"spec.affinity.{kind}"
+        required = "requiredDuringSchedulingIgnoredDuringExecution"
+        preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+        if _cross_namespace_terms(
+            get_list(section, required, f"{field}.{required}"), f"{field}.{required}", False
+        ):
+            return True
+        if _cross_namespace_terms(
+            get_list(section, preferred, f"{field}.{preferred}"), f"{field}.{preferred}", True
+        ):
+            return True
+    return False
+
+
+def _deletion_deadline(pod: Obj) -> float | None:
+    """When the pod stops counting: deletionTimestamp + deletionGracePeriodSeconds."""
+    metadata = get_mapping(pod, "metadata")
+    stamp = metadata.get("deletionTimestamp")
+    grace = metadata.get("deletionGracePeriodSeconds")
+    if stamp is None or grace is None:
+        return None
+    if isinstance(grace, bool) or not isinstance(grace, int):
+        raise ObjectError("metadata.deletionGracePeriodSeconds", f"expected an integer: {grace!r}")
+    return parse_timestamp(stamp, "metadata.deletionTimestamp") + grace
+
+
+# -- projection --
+
+
+@dataclass(frozen=True, slots=True)
+class PodProjection:
+    """Everything quota needs from one pod, computed once (see the module docstring)."""
+
+    namespace: str
+    name: str
+    terminal: bool
+    """Phase Failed or Succeeded: the pod never counts again."""
+    deletion_deadline: float | None
+    """Epoch seconds after which a deleted pod stops counting; ``None`` if not deleted."""
+    terminating: bool
+    best_effort: bool
+    priority_class: str
+    cross_namespace_affinity: bool
+    usage_items: tuple[tuple[str, Quantity], ...]
+    """The usage while the pod counts (``count/pods`` and ``pods`` included)."""
+    status_resources: tuple[tuple[str, Hashable], ...]
+    """Container status ``resources`` by container name, for the replenishment filter."""
+
+    def counts(self, now: float) -> bool:
+        """Upstream ``QuotaV1Pod`` at time ``now``."""
+        if self.terminal:
+            return False
+        return self.deletion_deadline is None or now <= self.deletion_deadline
+
+
+def _status_resources_fingerprint(status: Mapping[str, Any]) -> tuple[tuple[str, Hashable], ...]:
+    """Container status ``resources`` compared the way ``apiequality.Semantic`` does."""
+    entries: list[tuple[str, Hashable]] = []
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for i, raw in enumerate(get_list(status, key, f"status.{key}")):
+            field = f"status.{key}[{i}]"
+            if not isinstance(raw, Mapping):
+                raise ObjectError(field, "expected an object")
+            resources = raw.get("resources")
+            fingerprint: Hashable = None
+            if resources is not None:
+                res = get_mapping(raw, "resources", f"{field}.resources")
+                fingerprint = (
+                    frozenset(
+                        (n, q.nanos) for n, q in get_resource_list(res, "requests", field).items()
+                    ),
+                    frozenset(
+                        (n, q.nanos) for n, q in get_resource_list(res, "limits", field).items()
+                    ),
+                    repr(res.get("claims") or []),
+                )
+            entries.append((f"{key}/{get_str(raw, 'name', f'{field}.name')}", fingerprint))
+    return tuple(entries)
+
+
+def project_pod(pod: Obj | PodProjection) -> PodProjection:
+    """Compute a :class:`PodProjection`; raises :class:`ObjectError` for malformed pods."""
+    if isinstance(pod, PodProjection):
+        return pod
+    if not isinstance(pod, Mapping):
+        raise ObjectError("pod", f"expected an object, got {type(pod).__name__}")
+    metadata = get_mapping(pod, "metadata")
+    spec = get_mapping(pod, "spec")
+    status = get_mapping(pod, "status")
+    terminal = get_str(status, "phase", "status.phase") in _TERMINAL_PHASES
+    res = _PodResources.parse(pod)
+    if terminal:
+        items = _COUNT_ONLY
+    else:
+        usage = pod_compute_usage(_pod_requests(res), _pod_limits(res))
+        items = ((POD_OBJECT_COUNT_NAME, _ONE), *usage.items())
+    return PodProjection(
+        namespace=get_str(metadata, "namespace", "metadata.namespace"),
+        name=get_str(metadata, "name", "metadata.name"),
+        terminal=terminal,
+        deletion_deadline=_deletion_deadline(pod),
+        terminating=is_terminating(pod),
+        best_effort=_is_best_effort(pod, res),
+        priority_class=get_str(spec, "priorityClassName", "spec.priorityClassName"),
+        cross_namespace_affinity=uses_cross_namespace_pod_affinity(pod),
+        usage_items=items,
+        status_resources=_status_resources_fingerprint(status),
+    )
+
+
+def quota_v1_pod(pod: Obj | PodProjection, now: float) -> bool:
+    """Whether the pod is charged for quota at ``now`` (upstream ``QuotaV1Pod``)."""
+    if isinstance(pod, PodProjection):
+        return pod.counts(now)
+    if get_str(get_mapping(pod, "status"), "phase", "status.phase") in _TERMINAL_PHASES:
+        return False
+    deadline = _deletion_deadline(pod)
+    return deadline is None or now <= deadline
+
+
+# -- the evaluator --
+
+
+_PRIORITY_CLASS_KEY: Final = str(ScopeName.PRIORITY_CLASS)
+
+
+def _scope_predicate(scope: ScopeRequirement) -> Any:
+    """A function of a projection answering one scope (``podMatchesScopeFunc``)."""
+    name = scope.scope_name
+    if name is ScopeName.TERMINATING:
+        return lambda p: p.terminating
+    if name is ScopeName.NOT_TERMINATING:
+        return lambda p: not p.terminating
+    if name is ScopeName.BEST_EFFORT:
+        return lambda p: p.best_effort
+    if name is ScopeName.NOT_BEST_EFFORT:
+        return lambda p: not p.best_effort
+    if name is ScopeName.PRIORITY_CLASS:
+        if scope.operator is Operator.EXISTS:
+            return lambda p: p.priority_class != ""
+        req = scope.label_requirement()
+        return lambda p: _priority_class_matches(req, p.priority_class)
+    if name is ScopeName.CROSS_NAMESPACE_POD_AFFINITY:
+        return lambda p: p.cross_namespace_affinity
+    # VolumeAttributesClass and anything else never match a pod.
+    return lambda p: False
+
+
+def _priority_class_matches(req: Requirement, priority_class: str) -> bool:
+    # A pod without a class is the empty label set: NotIn and DoesNotExist match it.
+    return req.matches({_PRIORITY_CLASS_KEY: priority_class} if priority_class else {})
+
+
+class PodEvaluator:
+    """Upstream ``podEvaluator``. Construct with a :data:`~base.Clock` for testable time."""
+
+    def __init__(self, clock: Clock = time.time) -> None:
+        self._clock = clock
+
+    @property
+    def group_resource(self) -> GroupResource:
+        return PODS
+
+    def project(self, obj: Obj) -> PodProjection:
+        return project_pod(obj)
+
+    def matching_resources(self, names: Iterable[str]) -> list[str]:
+        names = list(names)
+        result = quota.intersection(names, POD_RESOURCES)
+        for name in names:
+            if name.startswith(_POD_RESOURCE_PREFIXES) or _is_extended_resource_name_for_quota(
+                name
+            ):
+                result.append(name)
+        return result
+
+    def usage(self, obj: Obj | PodProjection) -> ResourceList:
+        """Upstream ``PodUsageFunc`` at the evaluator's clock."""
+        projection = project_pod(obj)
+        if not projection.counts(self._clock()):
+            return dict(_COUNT_ONLY)
+        return dict(projection.usage_items)
+
+    def constraints(self, required: Iterable[str], obj: Obj) -> None:
+        """Every container must set cpu/memory when a quota tracks them (upstream mistake)."""
+        res = _PodResources.parse(obj)
+        if res.pod_level_resources_set():
+            # Pod-level resources make container-level values optional.
+            return
+        required_set = _VALIDATION_SET.intersection(required)
+        if not required_set:
+            return
+        missing: dict[str, set[str]] = {}
+        for container in (*res.containers, *res.init_containers):
+            present = pod_compute_usage(container.requests, container.limits)
+            for name in required_set.difference(present):
+                missing.setdefault(name, set()).add(container.name)
+        if missing:
+            parts = [f"{name} for: {','.join(sorted(missing[name]))}" for name in sorted(missing)]
+            raise ConstraintError("must specify " + "; ".join(parts))
+
+    def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
+        """CREATE; UPDATE when Terminating-ness changes; UPDATE of the ``resize`` subresource."""
+        if subresource == "":
+            if operation == Operation.UPDATE:
+                if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+                    return False
+                return is_terminating(old) != is_terminating(new)
+            return operation == Operation.CREATE
+        if subresource == "resize":
+            return operation == Operation.UPDATE
+        return False
+
+    def matches_scope(self, scope: ScopeRequirement, obj: Obj | PodProjection) -> bool:
+        if isinstance(obj, PodProjection):
+            return bool(_scope_predicate(scope)(obj))
+        name = scope.scope_name
+        if name in (ScopeName.TERMINATING, ScopeName.NOT_TERMINATING):
+            return is_terminating(obj) == (name is ScopeName.TERMINATING)
+        if name in (ScopeName.BEST_EFFORT, ScopeName.NOT_BEST_EFFORT):
+            return is_best_effort(obj) == (name is ScopeName.BEST_EFFORT)
+        if name is ScopeName.PRIORITY_CLASS:
+            priority_class = get_str(get_mapping(obj, "spec"), "priorityClassName")
+            if scope.operator is Operator.EXISTS:
+                return priority_class != ""
+            return _priority_class_matches(scope.label_requirement(), priority_class)
+        if name is ScopeName.CROSS_NAMESPACE_POD_AFFINITY:
+            return uses_cross_namespace_pod_affinity(obj)
+        return False
+
+    def matches(self, quota_obj: Obj, obj: Obj | PodProjection) -> bool:
+        return base.matches_quota(self, quota_obj, obj)
+
+    def matching_scopes(
+        self, obj: Obj | PodProjection, scopes: Sequence[ScopeRequirement]
+    ) -> list[ScopeRequirement]:
+        return base.matching_scopes(self, obj, scopes)
+
+    def uncovered_quota_scopes(
+        self, limited: Sequence[ScopeRequirement], matched: Sequence[ScopeRequirement]
+    ) -> list[ScopeRequirement]:
+        return base.uncovered_quota_scopes(limited, matched)
+
+    def usage_stats(
+        self,
+        objects: Iterable[Obj | PodProjection],
+        resources: Iterable[str],
+        scopes: Sequence[ScopeRequirement],
+    ) -> dict[str, Quantity]:
+        now = self._clock()
+        predicates = [_scope_predicate(scope) for scope in scopes]
+
+        def matches(p: PodProjection) -> bool:
+            return all(predicate(p) for predicate in predicates)
+
+        def usage_items(p: PodProjection) -> tuple[tuple[str, Quantity], ...]:
+            return p.usage_items if p.counts(now) else _COUNT_ONLY
+
+        projections = (project_pod(obj) for obj in objects)
+        return base.calculate_usage_stats(projections, resources, matches, usage_items)
+
+    def requires_replenishment(self, old: Obj | PodProjection, new: Obj | PodProjection) -> bool:
+        """Resized resources changed, Terminating-ness changed, or the pod stopped counting."""
+        old_p, new_p = project_pod(old), project_pod(new)
+        if _status_resources_changed(old_p.status_resources, new_p.status_resources):
+            return True
+        if old_p.terminating != new_p.terminating:
+            return True
+        now = self._clock()
+        return old_p.counts(now) and not new_p.counts(now)
+
+
+def _status_resources_changed(
+    old: tuple[tuple[str, Hashable], ...], new: tuple[tuple[str, Hashable], ...]
+) -> bool:
+    """``containerStatusResourcesChanged`` over both status lists at once."""
+    old_by_name = dict(old)
+    for name, resources in new:
+        if name not in old_by_name:
+            if resources is not None:
+                return True
+            continue
+        if old_by_name[name] != resources:
+            return True
+    return False
