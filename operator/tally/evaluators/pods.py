@@ -27,7 +27,11 @@ affinity), when the pod stops counting (terminal phase, deletion deadline), the 
 usage as a tuple of (name, Quantity) pairs with quantities shared through the parse cache, and
 a fingerprint of the container-status resources for the replenishment filter. Every method
 accepts either a pod mapping or a projection; :meth:`PodEvaluator.usage_stats` is the hot path
-and on projections does no parsing at all (``bench/usage.py`` measures both forms).
+and on projections does no parsing at all. ``bench/usage.py`` measures both forms: for 10 000
+varied pods under 3 quotas on one core, about 41 ms on projections against 1.1-1.6 s on raw
+JSON; projecting costs about 50 us per pod once; a projection takes about 1.4 KB against
+5.3 KB for the parsed JSON (tracemalloc). The cost is that a projection is frozen at the
+evaluator's rules: the cache must re-project an object on every update, which it does anyway.
 
 Upstream error text kept byte for byte: ``must specify cpu for: bar,foo; memory for: bar,foo``.
 """
@@ -285,6 +289,14 @@ class _PodResources:
         _max_into(result, init_max)
         return result
 
+    def statuses_change_nothing(self) -> bool:
+        """No status carries resources and no resize is Infeasible: then allocated and actual
+        values fall back to the spec, and max(spec, allocated, actual) is the spec itself."""
+        return not self.infeasible and all(
+            s.allocated is None and s.resources_requests is None and s.resources_limits is None
+            for s in self.statuses.values()
+        )
+
     def pod_level_requests_set(self) -> bool:
         return any(_is_supported_pod_level_resource(n) for n in self.pod_requests or ())
 
@@ -337,9 +349,14 @@ def _actuated_limits(c: _Container, s: _Status | None, infeasible: bool) -> Reso
 
 def _pod_requests(res: _PodResources) -> dict[str, Quantity]:
     spec = res.aggregate(_spec_requests)
-    allocated = res.aggregate(_allocated_requests)
-    actuated = res.aggregate(_actuated_requests)
-    reqs = _max_of(actuated, allocated) if res.infeasible else _max_of(spec, actuated, allocated)
+    if res.statuses_change_nothing():
+        reqs = spec  # the common case, and the one cache fills are made of
+    else:
+        allocated = res.aggregate(_allocated_requests)
+        actuated = res.aggregate(_actuated_requests)
+        reqs = (
+            _max_of(actuated, allocated) if res.infeasible else _max_of(spec, actuated, allocated)
+        )
     if res.pod_level_requests_set():
         for name, quantity in (res.pod_requests or {}).items():
             if _is_supported_pod_level_resource(name):
@@ -350,8 +367,11 @@ def _pod_requests(res: _PodResources) -> dict[str, Quantity]:
 
 def _pod_limits(res: _PodResources) -> dict[str, Quantity]:
     spec = res.aggregate(_spec_limits)
-    actuated = res.aggregate(_actuated_limits)
-    limits = dict(actuated) if res.infeasible else _max_of(spec, actuated)
+    if res.statuses_change_nothing():
+        limits = spec
+    else:
+        actuated = res.aggregate(_actuated_limits)
+        limits = dict(actuated) if res.infeasible else _max_of(spec, actuated)
     if res.pod_level_resources_set():
         for name, quantity in (res.pod_limits or {}).items():
             if _is_supported_pod_level_resource(name):
