@@ -7,7 +7,15 @@ kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
 from kubernetes_asyncio import client, config
+
+from tally.resourcequota.controller import Conflict
+
+REQUEST_TIMEOUT_S: Final = 60
+"""kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
 
 
 async def make_api_client() -> client.ApiClient:
@@ -22,5 +30,84 @@ async def make_api_client() -> client.ApiClient:
 
 async def server_version(api: client.ApiClient) -> str:
     """The API server's ``gitVersion`` (one GET /version, with a timeout)."""
-    info = await client.VersionApi(api).get_code(_request_timeout=10)
+    info = await client.VersionApi(api).get_code(_request_timeout=REQUEST_TIMEOUT_S)
     return str(info.git_version)
+
+
+async def get_json(
+    api: client.ApiClient, path: str, query: list[tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """GET an API path and return the JSON as plain data (no model classes: caches keep
+    only projections, and the generated models cost far more memory and time)."""
+    data = await api.call_api(
+        path,
+        "GET",
+        query_params=query or [],
+        header_params={"Accept": "application/json"},
+        response_types_map={200: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _request_timeout=REQUEST_TIMEOUT_S,
+    )
+    if not isinstance(data, dict):
+        raise TypeError(f"GET {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def collection_path(group: str, version: str, plural: str, namespace: str | None = None) -> str:
+    """The URL path of a resource collection, cluster-wide or in one namespace."""
+    prefix = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace:
+        return f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{prefix}/{plural}"
+
+
+async def list_objects(
+    api: client.ApiClient, group: str, version: str, plural: str, *, page_size: int = 500
+) -> list[dict[str, Any]]:
+    """Every object of a kind in all namespaces, read in pages (a LIST of 10 000 pods in one
+    response would hold the API server's and our memory at once)."""
+    path = collection_path(group, version, plural)
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        query = [("limit", str(page_size))]
+        if token:
+            query.append(("continue", token))
+        page = await get_json(api, path, query)
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+class KubeQuotaStatusWriter:
+    """``QuotaStatusWriter`` over the API: PUT …/resourcequotas/NAME/status."""
+
+    def __init__(self, api: client.ApiClient, field_manager: str = "tally") -> None:
+        self._core = client.CoreV1Api(api)
+        self._field_manager = field_manager
+
+    async def update_status(
+        self, quota_obj: Mapping[str, Any], status: Mapping[str, Mapping[str, str]]
+    ) -> None:
+        metadata = quota_obj["metadata"]
+        # The whole object as read, resourceVersion included: the API server rejects the
+        # write with 409 if the quota changed since (compare and swap).
+        body = {**quota_obj, "status": status}
+        try:
+            await self._core.replace_namespaced_resource_quota_status(
+                metadata["name"],
+                metadata["namespace"],
+                cast(Any, body),  # a plain dict serialises as is
+                field_manager=self._field_manager,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except client.ApiException as error:
+            if error.status == 409:
+                raise Conflict(
+                    f"{metadata['namespace']}/{metadata['name']}: {error.reason}"
+                ) from error
+            if error.status == 404:
+                return  # deleted meanwhile: the delete event clears everything else
+            raise

@@ -1,0 +1,141 @@
+"""Informers: a Store per kind, kept true from watch events and from LISTs.
+
+Upstream controllers read from informers (reflector → store → handlers). Here the watch stream
+is Kopf's (``@kopf.on.event`` handlers call :meth:`Informer.on_event`), and this module adds
+what Kopf does not give a plain event handler:
+
+* **a synced point** — :meth:`Informer.sync` LISTs the kind itself and replaces the store; the
+  controllers start their workers only after every informer synced (``WaitForCacheSync``);
+* **no ghosts** — when Kopf re-lists after a watch gap (its events then arrive with type
+  ``None``) it never reports the objects deleted during the gap. Seeing such an event after the
+  first sync, the informer schedules a LIST of its own and reconciles the store against it
+  (``Store.replace`` drops what the list lacks). Re-lists are debounced and spaced out.
+
+Handlers receive :class:`tally.cache.Change` values: ``old is None`` for an add, ``new is None``
+for a delete, both set for an update. They must be quick and must not await.
+
+No Kopf import here: the lister is a coroutine function passed in, so the logic is testable
+with plain data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final, Generic, TypeVar
+
+from tally.cache import Change, Store
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")
+Obj = Mapping[str, Any]
+Handler = Callable[[Change[P]], None]
+
+RELIST_DEBOUNCE_S: Final = 2.0
+"""Kopf's re-list delivers every object as one burst; reconcile once after it settles."""
+MIN_RELIST_INTERVAL_S: Final = 30.0
+"""A LIST of a large kind is expensive for the API server; watch gaps are rare. Bounds the
+extra LISTs to one per kind per interval, and delays a ghost's removal by at most as long."""
+RELIST_RETRY_S: Final = 5.0
+
+
+class Informer(Generic[P]):
+    """One kind's store, its LIST, and the handlers interested in its changes."""
+
+    def __init__(
+        self,
+        name: str,
+        store: Store[P],
+        lister: Callable[[], Awaitable[Iterable[Obj]]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        relist_debounce: float = RELIST_DEBOUNCE_S,
+        min_relist_interval: float = MIN_RELIST_INTERVAL_S,
+    ) -> None:
+        self.name = name
+        self.store = store
+        self._lister = lister
+        self._clock = clock
+        self._relist_debounce = relist_debounce
+        self._min_relist_interval = min_relist_interval
+        self._handlers: list[Handler[P]] = []
+        self._last_list_started: float | None = None
+        self._relist_task: asyncio.Task[None] | None = None
+        self.relists = 0
+        """LISTs made after the first (for metrics and tests)."""
+
+    def add_handler(self, handler: Handler[P]) -> None:
+        self._handlers.append(handler)
+
+    @property
+    def synced(self) -> bool:
+        return self.store.synced
+
+    # -- LIST
+
+    async def sync(self) -> list[Change[P]]:
+        """LIST the kind and reconcile the store with it; dispatch the changes found."""
+        started = self._clock()
+        self._last_list_started = started
+        items = await self._lister()
+        changes = self.store.replace(items, started_at=started)
+        self._dispatch(changes)
+        return changes
+
+    # -- events
+
+    def on_event(self, event_type: str | None, obj: Obj) -> None:
+        """One watch event from Kopf: ``ADDED``, ``MODIFIED``, ``DELETED``, or ``None`` (an
+        object from a listing)."""
+        change = self.store.delete(obj) if event_type == "DELETED" else self.store.upsert(obj)
+        if change is not None:
+            self._dispatch([change])
+        if event_type is None and self.store.synced:
+            self._schedule_relist()
+
+    def _dispatch(self, changes: list[Change[P]]) -> None:
+        for change in changes:
+            for handler in self._handlers:
+                try:
+                    handler(change)
+                except Exception:
+                    # One broken handler must not stop the store from being kept true.
+                    logger.exception("%s: handler failed for %s/%s", self.name, change.namespace,
+                                     change.name)  # fmt: skip
+
+    # -- re-list after a watch gap
+
+    def _schedule_relist(self) -> None:
+        if self._relist_task is not None and not self._relist_task.done():
+            return
+        self._relist_task = asyncio.create_task(self._relist(), name=f"relist-{self.name}")
+
+    async def _relist(self) -> None:
+        while True:
+            since = self._clock() - (self._last_list_started or float("-inf"))
+            await asyncio.sleep(max(self._relist_debounce, self._min_relist_interval - since))
+            try:
+                changes = await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("%s: re-list failed; retrying in %.0f s", self.name,
+                                 RELIST_RETRY_S)  # fmt: skip
+                await asyncio.sleep(RELIST_RETRY_S)
+                continue
+            self.relists += 1
+            if changes:
+                logger.info("%s: re-list reconciled %d change(s) missed by the watch",
+                            self.name, len(changes))  # fmt: skip
+            return
+
+    async def stop(self) -> None:
+        task, self._relist_task = self._relist_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

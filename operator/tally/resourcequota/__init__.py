@@ -1,0 +1,1 @@
+"""The ResourceQuota usage controller (upstream ``pkg/controller/resourcequota``)."""

@@ -1,0 +1,312 @@
+"""The ResourceQuota controller: keeps every quota's ``status.hard`` and ``status.used`` true.
+
+A port of upstream ``pkg/controller/resourcequota/resource_quota_controller.go`` in the
+sample-controller shape: event handlers only work out keys and enqueue them; workers take keys
+off two rate-limited work queues and run :meth:`ResourceQuotaController.sync_resource_quota`,
+which reads only from the caches and writes status last, through the status subresource, with
+the resourceVersion it read (compare and swap: a 409 is an error and the key is retried).
+
+Why two queues: a quota whose spec declares something its status does not show yet (new,
+``spec.hard`` changed, or a tracked name without usage) blocks admission — upstream's admission
+forbids with "status unknown" until usage is known — so it goes to the *missing-usage* queue,
+served by its own workers, instead of waiting behind routine recalculations.
+
+Why spec changes enqueue and status changes do not: this controller writes status itself;
+reacting to its own writes would loop. A status edited by someone else is corrected at the next
+full resync (every 5 minutes by default), as upstream does.
+
+Replenishment: deletions of tracked objects, and the updates an evaluator says can lower usage
+(``requires_replenishment``), enqueue every quota of the namespace whose ``status.hard`` names
+something that evaluator measures. Creations are not watched for this: admission charged them.
+
+Left out here: watching (the Kopf wiring feeds :meth:`add_quota`, :meth:`replenish` … from
+caches it owns) and the API client (a :class:`QuotaStatusWriter` is passed in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Protocol
+
+from tally import resources as quota
+from tally.cache import Store
+from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
+from tally.evaluators.registry import Registry, UsageError, calculate_usage
+from tally.quantity import Quantity
+from tally.resources import ResourceListError, parse_resource_list
+from tally.workqueue import (
+    MetricsProvider,
+    RateLimitingQueue,
+    WorkerPool,
+    default_controller_rate_limiter,
+)
+
+logger = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+QuotaKey = tuple[str, str]
+"""(namespace, name) of a ResourceQuota."""
+
+DEFAULT_RESYNC_PERIOD_S: Final = 300.0
+"""Upstream ``--resource-quota-sync-period`` default: the bound on how long a status edited by
+someone else, or a usage change no event reported, stays wrong."""
+DEFAULT_WORKERS: Final = 5
+"""Upstream ``--concurrent-resource-quota-syncs`` default, per queue."""
+
+PRIMARY_QUEUE: Final = "resourcequota_primary"
+PRIORITY_QUEUE: Final = "resourcequota_priority"
+
+
+class Conflict(Exception):
+    """The quota changed since it was read (HTTP 409): the sync is retried from the cache."""
+
+
+class QuotaStatusWriter(Protocol):
+    """Writes a quota's status through the status subresource (``UpdateStatus``)."""
+
+    async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:
+        """PUT ``quota_obj`` (with its resourceVersion) carrying ``status``.
+
+        Raises :class:`Conflict` on 409; other failures raise whatever the client raises.
+        """
+        ...
+
+
+def quota_key(quota_obj: Obj) -> QuotaKey:
+    metadata = quota_obj["metadata"]
+    return str(metadata.get("namespace") or ""), str(metadata["name"])
+
+
+def _resource_list(raw: object, field: str) -> dict[str, Quantity] | None:
+    """A parsed resource list, or None for a missing (nil) one; upstream keeps nil apart."""
+    if raw is None:
+        return None
+    return parse_resource_list(raw, field)
+
+
+def _semantic_equal(a: Mapping[str, Quantity] | None, b: Mapping[str, Quantity] | None) -> bool:
+    """``apiequality.Semantic.DeepEqual`` on two resource lists: same keys, equal quantities.
+
+    Semantic equality treats a nil and an empty list as different, which is why this takes
+    ``None`` apart from ``{}``.
+    """
+    if a is None or b is None:
+        return a is None and b is None
+    return quota.equals(a, b)
+
+
+class ResourceQuotaController:
+    """Upstream's ``resourcequota.Controller``, driven by tally's caches."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        quotas: Store[Obj],
+        stores: Mapping[GroupResource, Store[Any]],
+        writer: QuotaStatusWriter,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        resync_period: float = DEFAULT_RESYNC_PERIOD_S,
+        metrics_provider: MetricsProvider | None = None,
+        on_synced: Callable[[Obj, Mapping[str, Quantity], Mapping[str, Quantity]], None]
+        | None = None,
+    ) -> None:
+        self.registry = registry
+        """Evaluators for every watched kind; ``calculate_usage`` uses exactly these."""
+        self.quotas = quotas
+        """ResourceQuota objects (whole: they are few and small)."""
+        self.stores = stores
+        """Projections of every tracked kind, by group/resource. May gain kinds at run time
+        (``count/`` on a custom resource); the mapping is read at every sync."""
+        self.writer = writer
+        self.workers = workers
+        self.resync_period = resync_period
+        self.on_synced = on_synced
+        """Called after each successful sync with (quota, hard, used): metrics hook."""
+        self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
+            default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
+        )
+        self.missing_usage_queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
+            default_controller_rate_limiter(),
+            name=PRIORITY_QUEUE,
+            metrics_provider=metrics_provider,
+        )
+        self._pools = [
+            WorkerPool(self.queue, self._sync_key, workers=workers, name=PRIMARY_QUEUE),
+            WorkerPool(
+                self.missing_usage_queue, self._sync_key, workers=workers, name=PRIORITY_QUEUE
+            ),
+        ]
+        self._resync_task: asyncio.Task[None] | None = None
+
+    # -- event handlers: work out keys, enqueue, nothing else
+
+    def add_quota(self, quota_obj: Obj) -> None:
+        """A quota appeared (or changed ``spec.hard``): prioritise it if status lags spec."""
+        key = quota_key(quota_obj)
+        try:
+            spec_hard = _resource_list((quota_obj.get("spec") or {}).get("hard"), "spec.hard")
+            status = quota_obj.get("status") or {}
+            status_hard = _resource_list(status.get("hard"), "status.hard")
+            status_used = _resource_list(status.get("used"), "status.used") or {}
+        except ResourceListError:
+            # The sync reports it; a broken quota is no reason to jump the queue.
+            self.queue.add(key)
+            return
+        # A declared intent that status does not capture yet.
+        if not _semantic_equal(spec_hard, status_hard):
+            self.missing_usage_queue.add(key)
+            return
+        # A tracked constraint without usage: admission refuses everything it covers until
+        # this controller fills it in.
+        for name in status_hard or {}:
+            if name not in status_used and any(
+                evaluator.matching_resources([name]) for evaluator in self.registry.list()
+            ):
+                self.missing_usage_queue.add(key)
+                return
+        self.queue.add(key)
+
+    def update_quota(self, old: Obj, new: Obj) -> None:
+        """Only a change of ``spec.hard`` matters; status changes are our own writes."""
+        try:
+            old_hard = parse_resource_list((old.get("spec") or {}).get("hard"), "spec.hard")
+            new_hard = parse_resource_list((new.get("spec") or {}).get("hard"), "spec.hard")
+        except ResourceListError:
+            self.add_quota(new)
+            return
+        if quota.equals(old_hard, new_hard):
+            return
+        self.add_quota(new)
+
+    def delete_quota(self, quota_obj: Obj) -> None:
+        # The sync finds nothing and does nothing; enqueued anyway, like upstream, so that
+        # anything keyed by the quota (metrics) is cleared by the same path.
+        self.queue.add(quota_key(quota_obj))
+
+    def replenish(self, group_resource: GroupResource, namespace: str) -> None:
+        """Usage of ``group_resource`` in ``namespace`` may have gone down: recalculate the
+        quotas there that track something its evaluator measures (upstream ``replenishQuota``).
+        """
+        evaluator = self.registry.get(group_resource)
+        if evaluator is None:
+            return
+        for quota_obj in self.quotas.in_namespace(namespace):
+            hard = (quota_obj.get("status") or {}).get("hard") or {}
+            if isinstance(hard, Mapping) and evaluator.matching_resources(list(hard)):
+                self.queue.add(quota_key(quota_obj))
+
+    def enqueue_all(self) -> None:
+        """The full resync: every quota goes through the primary queue."""
+        for namespace in self.quotas.namespaces():
+            for quota_obj in self.quotas.in_namespace(namespace):
+                self.queue.add(quota_key(quota_obj))
+
+    # -- sync
+
+    async def _sync_key(self, key: QuotaKey) -> None:
+        quota_obj = self.quotas.get(*key)
+        if quota_obj is None:
+            return  # deleted: nothing to do
+        await self.sync_resource_quota(quota_obj)
+
+    def calculate(self, quota_obj: Obj) -> tuple[dict[str, Quantity], dict[str, Quantity]]:
+        """(hard, used) as the next status write would carry them (``syncResourceQuota``).
+
+        Raises :class:`UsageError` with the partial result when an evaluator failed.
+        """
+        namespace = quota_key(quota_obj)[0]
+        spec = quota_obj.get("spec") or {}
+        hard = parse_resource_list(spec.get("hard"), "spec.hard")
+        status = quota_obj.get("status") or {}
+        used = dict(parse_resource_list(status.get("used"), "status.used"))
+        objects = {gr: store.in_namespace(namespace) for gr, store in self.stores.items()}
+        error: UsageError | None = None
+        try:
+            new_usage = calculate_usage(objects, hard, quota_scopes(quota_obj), self.registry)
+        except UsageError as failed:
+            # Keep going with what the other evaluators computed; report the error after.
+            error, new_usage = failed, failed.usage
+        # Values the evaluators could not compute keep their last observation.
+        used.update(new_usage)
+        used = quota.mask(used, hard)
+        if error is not None:
+            raise UsageError(used, error.errors)
+        return hard, used
+
+    async def sync_resource_quota(self, quota_obj: Obj) -> None:
+        """Recalculate one quota and write its status if anything changed numerically."""
+        started = time.monotonic()
+        status = quota_obj.get("status") or {}
+        try:
+            status_hard = _resource_list(status.get("hard"), "status.hard")
+            status_used = _resource_list(status.get("used"), "status.used")
+            errors: list[Exception] = []
+            try:
+                hard, used = self.calculate(quota_obj)
+            except UsageError as failed:
+                errors.extend(failed.errors)
+                hard = parse_resource_list((quota_obj.get("spec") or {}).get("hard"), "spec.hard")
+                used = dict(failed.usage)
+        except (ResourceListError, ScopeError, ObjectError) as invalid:
+            # The API server validates quotas, so this is a quota we cannot read: retrying
+            # will not help, and the rate limiter keeps it from spinning.
+            raise InvalidQuota(f"{'/'.join(quota_key(quota_obj))}: {invalid}") from invalid
+
+        dirty = not _semantic_equal(hard, status_hard) or status_hard is None or status_used is None
+        dirty = dirty or not quota.equals(used, status_used or {})
+        if dirty:
+            await self.writer.update_status(
+                quota_obj, {"hard": quota.to_strings(hard), "used": quota.to_strings(used)}
+            )
+        logger.debug(
+            "synced quota %s/%s in %.1f ms (written: %s)",
+            *quota_key(quota_obj),
+            (time.monotonic() - started) * 1000,
+            dirty,
+        )
+        if self.on_synced is not None:
+            self.on_synced(quota_obj, hard, used)
+        if errors:
+            raise UsageError(used, errors)
+
+    # -- running
+
+    def start(self) -> None:
+        """Start the workers and the resync loop; the caches must be synced already."""
+        for pool in self._pools:
+            pool.start()
+        self._resync_task = asyncio.create_task(self._resync_loop(), name="resourcequota-resync")
+        self._resync_task.add_done_callback(_log_unexpected_exit)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_period)
+            self.enqueue_all()
+
+    async def stop(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync_task
+        await asyncio.gather(*(pool.stop() for pool in self._pools))
+
+
+class InvalidQuota(ValueError):
+    """A quota whose spec or status cannot be parsed."""
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    logger.critical("task %s ended unexpectedly: %r", task.get_name(), error, exc_info=error)
+
+
+def tracked_names(registry: Registry, names: Iterable[str]) -> list[str]:
+    """The names some registered evaluator measures."""
+    return sorted({n for evaluator in registry.list() for n in evaluator.matching_resources(names)})
