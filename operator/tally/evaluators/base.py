@@ -361,9 +361,17 @@ def calculate_usage_stats(
 # -- reading API JSON safely --
 
 
+def _field(obj: object, key: str, field: str | None) -> Any:
+    """``obj[key]``, or an :class:`ObjectError` naming the parent when ``obj`` is no object."""
+    if not isinstance(obj, Mapping):
+        path = (field or key).rpartition(".")[0] or "object"
+        raise ObjectError(path, f"expected an object, got {type(obj).__name__}")
+    return obj.get(key)
+
+
 def get_mapping(obj: Obj, key: str, field: str | None = None) -> Mapping[str, Any]:
     """``obj[key]`` as a mapping; missing or null is an empty mapping."""
-    value = obj.get(key)
+    value = _field(obj, key, field)
     if value is None:
         return _EMPTY
     if not isinstance(value, Mapping):
@@ -373,7 +381,7 @@ def get_mapping(obj: Obj, key: str, field: str | None = None) -> Mapping[str, An
 
 def get_list(obj: Obj, key: str, field: str | None = None) -> Sequence[Any]:
     """``obj[key]`` as a list; missing or null is an empty list."""
-    value = obj.get(key)
+    value = _field(obj, key, field)
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
@@ -383,7 +391,7 @@ def get_list(obj: Obj, key: str, field: str | None = None) -> Sequence[Any]:
 
 def get_str(obj: Obj, key: str, field: str | None = None) -> str:
     """``obj[key]`` as a string; missing or null is ``""``."""
-    value = obj.get(key)
+    value = _field(obj, key, field)
     if value is None:
         return ""
     if not isinstance(value, str):

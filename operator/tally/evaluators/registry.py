@@ -27,7 +27,9 @@ from tally.evaluators.base import (
     Evaluator,
     GroupResource,
     Obj,
+    ObjectError,
     ScopeRequirement,
+    get_mapping,
     quota_scopes,
 )
 from tally.evaluators.generic import LEGACY_OBJECT_COUNT_ALIASES, ObjectCountEvaluator
@@ -207,9 +209,8 @@ def calculate_quota_usage(
     registry: Registry | None = None,
 ) -> dict[str, Quantity]:
     """:func:`calculate_usage` for a ResourceQuota object: its ``spec.hard`` and scopes."""
-    spec = resource_quota.get("spec") or {}
     try:
-        hard = parse_resource_list(spec.get("hard"), "spec.hard")
-    except ResourceListError as error:
+        hard = parse_resource_list(get_mapping(resource_quota, "spec").get("hard"), "spec.hard")
+    except (ResourceListError, ObjectError) as error:
         raise UsageError({}, [error]) from error
     return calculate_usage(objects, hard, quota_scopes(resource_quota), registry)

@@ -253,3 +253,30 @@ def test_scope_requirement_prints_like_go() -> None:
         }
     )
     assert [str(s) for s in scopes] == ["{PriorityClass In [a b]}"]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [pytest.param(None, id="none"), pytest.param("pod", id="string"), pytest.param(7, id="int")],
+)
+def test_non_objects_are_object_errors(obj: Any) -> None:
+    # bad input is a clear ValueError, never an AttributeError from deep inside
+    registry = new_registry()
+    cases = [
+        (PODS, "Terminating"),
+        (SERVICES, None),  # services match no scope without looking at the object
+        (GroupResource("", "persistentvolumeclaims"), "VolumeAttributesClass"),
+    ]
+    for group_resource, scope_name in cases:
+        evaluator = registry.get(group_resource)
+        assert evaluator is not None
+        with pytest.raises(ValueError, match="expected an object"):
+            evaluator.usage(obj)
+        if scope_name:
+            scope = quota_scopes({"spec": {"scopes": [scope_name]}})[0]
+            with pytest.raises(ValueError, match="expected an object"):
+                evaluator.matches_scope(scope, obj)
+    with pytest.raises(UsageError):
+        calculate_quota_usage({"spec": "nope"}, {})
+    with pytest.raises(ValueError, match="expected an object"):
+        quota_scopes(obj)
