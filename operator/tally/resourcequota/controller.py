@@ -91,12 +91,14 @@ def _resource_list(raw: object, field: str) -> dict[str, Quantity] | None:
 def _semantic_equal(a: Mapping[str, Quantity] | None, b: Mapping[str, Quantity] | None) -> bool:
     """``apiequality.Semantic.DeepEqual`` on two resource lists: same keys, equal quantities.
 
-    Semantic equality treats a nil and an empty list as different, which is why this takes
-    ``None`` apart from ``{}``.
+    Semantic equality treats a nil and an empty map as equal (apimachinery's forked
+    ``DeepEqual``: "An empty slice *is* equal to a nil slice for our purposes; same for maps"),
+    so ``None`` counts as ``{}`` here. Callers that must tell a missing list apart (the sync's
+    "first sync is dirty" rule) test ``is None`` themselves, as upstream tests ``== nil``.
     """
-    if a is None or b is None:
-        return a is None and b is None
-    return quota.equals(a, b)
+    # Fixed (test_add_quota "empty spec.hard, no status"): this used to call None and {}
+    # different, which sent a quota with an empty spec.hard and no status to the priority queue.
+    return quota.equals(a or {}, b or {})
 
 
 class ResourceQuotaController:

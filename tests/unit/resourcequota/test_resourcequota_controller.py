@@ -1,0 +1,893 @@
+"""The ResourceQuota controller on plain data, ported from kubernetes
+``pkg/controller/resourcequota/resource_quota_controller_test.go``.
+
+Upstream feeds its controller from informer listers and a fake clientset and then inspects the
+client's actions; here the controller reads :class:`~tally.cache.Store` objects filled with
+``replace([...], started_at=0)`` through each evaluator's ``project``, and writes through a
+:class:`FakeStatusWriter` that records every ``(quota, status)`` it is asked to write. "No
+update action" upstream is "no recorded write" here.
+
+Adaptations, named at the cases that need them:
+
+* Upstream's ``errorLister`` (``List`` fails with "error listing") becomes
+  :class:`FailingStore`, a store whose listing raises ``ValueError("error listing")`` while the
+  evaluator reads it. tally's stores are in memory and cannot fail to list, but an evaluator can
+  fail on what it reads, and that takes the same path: usage of the other evaluators is kept,
+  the status is written, and the error is raised after the write.
+* Upstream compares ``Quantity.String()``; these tests compare numerically (a status written in
+  another canonical form is still the same status), and separately check that every written
+  value is a string.
+
+Cases marked "upstream rule" are not rows of an upstream table: their expected values are
+worked out from upstream's code (``syncResourceQuota``, ``addQuota``, ``replenishQuota``, the
+``UpdateFunc`` of ``NewController``) or from spec section 3, which the comment quotes.
+Not covered here: the worker loop and the resync timer (``start``/``stop``), and upstream's
+``TestDiscoverySync`` (tally has no discovery of quotable resources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from tally.cache import Store
+from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import Registry, UsageError, new_registry
+from tally.quantity import parse_quantity
+from tally.resourcequota.controller import (
+    Conflict,
+    QuotaKey,
+    ResourceQuotaController,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_700_000_000.0
+"""The fixed clock of every evaluator here."""
+
+PODS = GroupResource("", "pods")
+SERVICES = GroupResource("", "services")
+CONFIGMAPS = GroupResource("", "configmaps")
+DEPLOYMENTS = GroupResource("apps", "deployments")
+
+Obj = dict[str, Any]
+Status = Mapping[str, Mapping[str, str]]
+
+
+# -- fakes
+
+
+class FakeStatusWriter:
+    """Records what ``update_status`` was asked to write; raises ``Conflict`` when told to."""
+
+    def __init__(self, *, conflict: bool = False) -> None:
+        self.conflict = conflict
+        self.writes: list[tuple[Mapping[str, Any], Status]] = []
+
+    async def update_status(
+        self, quota_obj: Mapping[str, Any], status: Mapping[str, Mapping[str, str]]
+    ) -> None:
+        self.writes.append((quota_obj, status))
+        if self.conflict:
+            raise Conflict("the object has been modified")
+
+
+class _ErrorListing:
+    """An iterator that fails at its first item, like upstream's ``errorLister.List``."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        raise ValueError("error listing")
+
+
+class FailingStore(Store[Any]):
+    """Upstream's ``newErrorLister()``: reading the namespace fails with "error listing"."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda obj: obj, name="failing")
+
+    def in_namespace(self, namespace: str) -> Iterator[Any]:
+        return _ErrorListing()
+
+
+# -- builders (upstream's fixtures, as API JSON)
+
+
+def resource_list(cpu: str = "", memory: str = "") -> dict[str, str]:
+    """Upstream ``getResourceList``: only the names given a value."""
+    result: dict[str, str] = {}
+    if cpu:
+        result["cpu"] = cpu
+    if memory:
+        result["memory"] = memory
+    return result
+
+
+def pod(
+    name: str,
+    phase: str,
+    requests: Mapping[str, str],
+    *,
+    priority_class: str = "",
+    active_deadline_seconds: int | None = None,
+    namespace: str = "testing",
+) -> Obj:
+    spec: Obj = {
+        "volumes": [{"name": "vol"}],
+        "containers": [
+            {
+                "name": "ctr",
+                "image": "image",
+                "resources": {"requests": dict(requests), "limits": {}},
+            }
+        ],
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = active_deadline_seconds
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def new_test_pods() -> list[Obj]:
+    """Upstream ``newTestPods``: two running pods of 100m/1Gi, and a failed one."""
+    return [
+        pod("pod-running", "Running", resource_list("100m", "1Gi")),
+        pod("pod-running-2", "Running", resource_list("100m", "1Gi")),
+        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+    ]
+
+
+def new_best_effort_test_pods() -> list[Obj]:
+    """Upstream ``newBestEffortTestPods``: two running best-effort pods, a failed burstable."""
+    return [
+        pod("pod-running", "Running", resource_list()),
+        pod("pod-running-2", "Running", resource_list()),
+        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+    ]
+
+
+def new_test_pods_with_priority_classes() -> list[Obj]:
+    """Upstream ``newTestPodsWithPriorityClasses``: high 500m/50Gi, low 100m/1Gi, a failed."""
+    return [
+        pod("pod-running", "Running", resource_list("500m", "50Gi"), priority_class="high"),
+        pod("pod-running-2", "Running", resource_list("100m", "1Gi"), priority_class="low"),
+        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+    ]
+
+
+def new_terminating_test_pods() -> list[Obj]:
+    """Not upstream: a running pod with a deadline (terminating), one without, a failed one."""
+    return [
+        pod(
+            "pod-terminating", "Running", resource_list("500m", "50Gi"), active_deadline_seconds=60
+        ),
+        pod("pod-running", "Running", resource_list("100m", "1Gi")),
+        pod("pod-failed", "Failed", resource_list("100m", "1Gi"), active_deadline_seconds=60),
+    ]
+
+
+def configmap(name: str, namespace: str = "default") -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+    }
+
+
+def resource_quota(
+    hard: Mapping[str, str] | None,
+    *,
+    name: str = "quota",
+    namespace: str = "testing",
+    scopes: Sequence[str] = (),
+    scope_selector: Sequence[Mapping[str, Any]] = (),
+    status: Mapping[str, Any] | None = None,
+) -> Obj:
+    spec: Obj = {}
+    if hard is not None:
+        spec["hard"] = dict(hard)
+    if scopes:
+        spec["scopes"] = list(scopes)
+    if scope_selector:
+        spec["scopeSelector"] = {"matchExpressions": [dict(e) for e in scope_selector]}
+    result: Obj = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{namespace}-{name}",
+            "resourceVersion": "7",
+        },
+        "spec": spec,
+    }
+    if status is not None:
+        result["status"] = dict(status)
+    return result
+
+
+# The quota spec shared by most rows of upstream's TestSyncResourceQuota.
+HARD_3_100GI_5 = {"cpu": "3", "memory": "100Gi", "pods": "5"}
+
+
+def priority_class_selector(operator: str, *values: str) -> list[dict[str, Any]]:
+    expression: dict[str, Any] = {"scopeName": "PriorityClass", "operator": operator}
+    if values:
+        expression["values"] = list(values)
+    return [expression]
+
+
+# -- the controller under test
+
+
+def registry() -> Registry:
+    return new_registry(clock=lambda: NOW)
+
+
+def new_controller(
+    quotas: Sequence[Obj] = (),
+    items: Mapping[GroupResource, Sequence[Obj]] | None = None,
+    *,
+    failing: Sequence[GroupResource] = (),
+    writer: FakeStatusWriter | None = None,
+) -> tuple[ResourceQuotaController, FakeStatusWriter]:
+    """A controller over stores holding ``items`` (projected by their evaluators).
+
+    Like upstream's ``mockListerForResourceFunc``, only the kinds given have a store; a kind in
+    ``failing`` gets a :class:`FailingStore` (upstream's ``errorGVR``).
+    """
+    reg = registry()
+    quota_store: Store[Mapping[str, Any]] = Store(lambda obj: obj, name="resourcequotas")
+    quota_store.replace(quotas, started_at=0)
+    stores: dict[GroupResource, Store[Any]] = {}
+    for group_resource, objects in (items or {}).items():
+        evaluator = reg.get(group_resource)
+        assert evaluator is not None, group_resource
+        store: Store[Any] = Store(evaluator.project, name=str(group_resource))
+        store.replace(objects, started_at=0)
+        stores[group_resource] = store
+    for group_resource in failing:
+        stores[group_resource] = FailingStore()
+    writer = writer or FakeStatusWriter()
+    return ResourceQuotaController(reg, quota_store, stores, writer), writer
+
+
+def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str]) -> None:
+    """Same names, numerically equal values (expected first), every value a string."""
+    assert sorted(expected) == sorted(actual)
+    for name, value in actual.items():
+        assert isinstance(value, str), (name, value)
+        assert parse_quantity(expected[name]) == parse_quantity(value), (name, value)
+
+
+# -- syncResourceQuota
+
+
+@pytest.mark.parametrize(
+    ("quota_obj", "items", "failing", "expected_status", "expected_error"),
+    [
+        # TestSyncResourceQuota "non-matching-best-effort-scoped-quota"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scopes=["BestEffort"]),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
+            None,
+            id="non-matching-best-effort-scoped-quota",
+        ),
+        # TestSyncResourceQuota "matching-best-effort-scoped-quota"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scopes=["BestEffort"]),
+            {PODS: new_best_effort_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "2"}},
+            None,
+            id="matching-best-effort-scoped-quota",
+        ),
+        # TestSyncResourceQuota "non-matching-priorityclass-scoped-quota-OpExists"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
+            None,
+            id="non-matching-priorityclass-scoped-quota-OpExists",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpExists"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "600m", "memory": "51Gi", "pods": "2"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpExists",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn"
+        pytest.param(
+            resource_quota(
+                HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high", "low")
+            ),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "600m", "memory": "51Gi", "pods": "2"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpIn",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn-high"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high")),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "500m", "memory": "50Gi", "pods": "1"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpIn-high",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn-low"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "low")),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpIn-low",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpNotIn-low" (its
+        # selector is NotIn [high], so it matches the "low" pod)
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "high")),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpNotIn-low",
+        ),
+        # TestSyncResourceQuota "non-matching-priorityclass-scoped-quota-OpIn"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "random")),
+            {PODS: new_test_pods_with_priority_classes()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
+            None,
+            id="non-matching-priorityclass-scoped-quota-OpIn",
+        ),
+        # TestSyncResourceQuota "non-matching-priorityclass-scoped-quota-OpNotIn" (pods without
+        # a priority class are NotIn [random])
+        pytest.param(
+            resource_quota(
+                HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "random")
+            ),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "200m", "memory": "2Gi", "pods": "2"}},
+            None,
+            id="non-matching-priorityclass-scoped-quota-OpNotIn",
+        ),
+        # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpDoesNotExist"
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("DoesNotExist")),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "200m", "memory": "2Gi", "pods": "2"}},
+            None,
+            id="matching-priorityclass-scoped-quota-OpDoesNotExist",
+        ),
+        # TestSyncResourceQuota "pods" (also the old single-case TestSyncResourceQuota)
+        pytest.param(
+            resource_quota(HARD_3_100GI_5),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "200m", "memory": "2Gi", "pods": "2"}},
+            None,
+            id="pods",
+        ),
+        # TestSyncResourceQuota "quota-spec-hard-updated" (was TestSyncResourceQuotaSpecChange)
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "3"}, "used": {"cpu": "0"}},
+            ),
+            {PODS: []},
+            [],
+            {"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            None,
+            id="quota-spec-hard-updated",
+        ),
+        # TestSyncResourceQuotaSpecHardChange: a name dropped from spec.hard leaves both
+        # status.hard and status.used.
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={
+                    "hard": {"cpu": "3", "memory": "1Gi"},
+                    "used": {"cpu": "0", "memory": "0"},
+                },
+            ),
+            {PODS: []},
+            [],
+            {"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            None,
+            id="quota-spec-hard-name-removed",
+        ),
+        # TestSyncResourceQuota "quota-unchanged". Its expectedActionSet is empty, but
+        # upstream's HasAll of an empty set is vacuous and the case then requires an update
+        # action: status.hard (cpu 0) differs from spec.hard and status.used is missing, so
+        # the status is written.
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"}, name="rq", namespace="default", status={"hard": {"cpu": "0"}}
+            ),
+            {PODS: []},
+            [],
+            {"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            None,
+            id="quota-unchanged",
+        ),
+        # TestSyncResourceQuota "quota-missing-status-with-calculation-error": the pods lister
+        # fails; the status is still written (hard, and no used), then the error is returned.
+        pytest.param(
+            resource_quota({"pods": "1"}, name="rq", namespace="default", status={}),
+            {},
+            [PODS],
+            {"hard": {"pods": "1"}, "used": {}},
+            "error listing",
+            id="quota-missing-status-with-calculation-error",
+        ),
+        # TestSyncResourceQuota "quota-missing-status-with-partial-calculation-error": the
+        # configmaps usage is written although the pods lister fails.
+        pytest.param(
+            resource_quota(
+                {"pods": "1", "configmaps": "1"}, name="rq", namespace="default", status={}
+            ),
+            {CONFIGMAPS: []},
+            [PODS],
+            {"hard": {"pods": "1", "configmaps": "1"}, "used": {"configmaps": "0"}},
+            "error listing",
+            id="quota-missing-status-with-partial-calculation-error",
+        ),
+        # Upstream rule (syncResourceQuota starts `used` from status.used and overwrites only
+        # what CalculateUsage returned): a failing lister keeps the last observed value.
+        pytest.param(
+            resource_quota(
+                {"pods": "1", "configmaps": "5"},
+                name="rq",
+                namespace="default",
+                status={
+                    "hard": {"pods": "1", "configmaps": "5"},
+                    "used": {"pods": "1", "configmaps": "3"},
+                },
+            ),
+            {CONFIGMAPS: [configmap("cm-1")]},
+            [PODS],
+            {"hard": {"pods": "1", "configmaps": "5"}, "used": {"pods": "1", "configmaps": "1"}},
+            "error listing",
+            id="partial-calculation-error-keeps-old-used",
+        ),
+        # Upstream rule, spec section 3: "Hard names that no evaluator matches never get a used
+        # value". upstream TestAddQuota's "foobars.example.com" is such a name.
+        pytest.param(
+            resource_quota({"cpu": "3", "foobars.example.com": "4"}),
+            {PODS: new_test_pods()},
+            [],
+            {"hard": {"cpu": "3", "foobars.example.com": "4"}, "used": {"cpu": "200m"}},
+            None,
+            id="hard-name-no-evaluator-matches",
+        ),
+        # Upstream rule, spec section 3: "values the evaluators could not compute are kept".
+        pytest.param(
+            resource_quota(
+                {"cpu": "3", "foobars.example.com": "4"},
+                status={
+                    "hard": {"cpu": "3", "foobars.example.com": "4"},
+                    "used": {"cpu": "0", "foobars.example.com": "2"},
+                },
+            ),
+            {PODS: new_test_pods()},
+            [],
+            {
+                "hard": {"cpu": "3", "foobars.example.com": "4"},
+                "used": {"cpu": "200m", "foobars.example.com": "2"},
+            },
+            None,
+            id="unmeasured-name-keeps-old-used",
+        ),
+        # Not an upstream row: the Terminating scope (activeDeadlineSeconds >= 0, upstream
+        # IsTerminating) counts the running pod with a deadline; the failed one never counts.
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scopes=["Terminating"]),
+            {PODS: new_terminating_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "500m", "memory": "50Gi", "pods": "1"}},
+            None,
+            id="matching-terminating-scoped-quota",
+        ),
+        # Not an upstream row: NotTerminating counts the pod without a deadline.
+        pytest.param(
+            resource_quota(HARD_3_100GI_5, scopes=["NotTerminating"]),
+            {PODS: new_terminating_test_pods()},
+            [],
+            {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
+            None,
+            id="matching-not-terminating-scoped-quota",
+        ),
+    ],
+)
+async def test_sync_resource_quota(
+    quota_obj: Obj,
+    items: Mapping[GroupResource, Sequence[Obj]],
+    failing: Sequence[GroupResource],
+    expected_status: Status,
+    expected_error: str | None,
+) -> None:
+    controller, writer = new_controller([quota_obj], items, failing=failing)
+    if expected_error is None:
+        await controller.sync_resource_quota(quota_obj)
+    else:
+        with pytest.raises(UsageError, match=expected_error):
+            await controller.sync_resource_quota(quota_obj)
+
+    assert 1 == len(writer.writes)
+    written, status = writer.writes[0]
+    # The write carries the object as read: its resourceVersion is the compare-and-swap guard.
+    assert quota_obj["metadata"] == written["metadata"]
+    assert ["hard", "used"] == sorted(status)
+    assert_resource_list(expected_status["hard"], status["hard"])
+    assert_resource_list(expected_status["used"], status["used"])
+
+
+@pytest.mark.parametrize(
+    ("quota_obj", "items"),
+    [
+        # TestSyncResourceQuotaNoChange: status matches spec and usage, so the only action is
+        # the pod list.
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            ),
+            {PODS: []},
+            id="TestSyncResourceQuotaNoChange",
+        ),
+        # Spec section 3: "Numerically equal values in another format do not cause a write"
+        # (Semantic.DeepEqual and quota.Equals compare quantities with Cmp). Usage as in
+        # TestSyncResourceQuota "pods", written in other formats.
+        pytest.param(
+            resource_quota(
+                HARD_3_100GI_5,
+                status={
+                    "hard": {"cpu": "3000m", "memory": "102400Mi", "pods": "5"},
+                    "used": {"cpu": "0.2", "memory": "2048Mi", "pods": "2000m"},
+                },
+            ),
+            {PODS: new_test_pods()},
+            id="numerically-equal-other-format",
+        ),
+        # Spec section 3, same rule for spec.hard against status.hard.
+        pytest.param(
+            resource_quota(
+                {"cpu": "4000m"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            ),
+            {PODS: []},
+            id="spec-hard-numerically-equal-other-format",
+        ),
+        # Upstream rule: a hard name no evaluator measures has no used value, and a status
+        # without one for it is not dirty.
+        pytest.param(
+            resource_quota(
+                {"cpu": "3", "foobars.example.com": "4"},
+                status={
+                    "hard": {"cpu": "3", "foobars.example.com": "4"},
+                    "used": {"cpu": "200m"},
+                },
+            ),
+            {PODS: new_test_pods()},
+            id="unmeasured-name-without-used",
+        ),
+    ],
+)
+async def test_sync_resource_quota_no_write(
+    quota_obj: Obj, items: Mapping[GroupResource, Sequence[Obj]]
+) -> None:
+    controller, writer = new_controller([quota_obj], items)
+    await controller.sync_resource_quota(quota_obj)
+    assert [] == writer.writes
+
+
+async def test_sync_resource_quota_converges() -> None:
+    # Upstream rule (the dirty check of syncResourceQuota): once the status of
+    # TestSyncResourceQuota "pods" is written, syncing the updated quota writes nothing.
+    quota_obj = resource_quota(HARD_3_100GI_5)
+    controller, writer = new_controller([quota_obj], {PODS: new_test_pods()})
+    await controller.sync_resource_quota(quota_obj)
+    assert 1 == len(writer.writes)
+    updated = {**quota_obj, "status": writer.writes[0][1]}
+    await controller.sync_resource_quota(updated)
+    assert 1 == len(writer.writes)
+
+
+async def test_sync_resource_quota_conflict_is_returned() -> None:
+    # Upstream: an UpdateStatus error is appended to errs and returned, so the key is retried.
+    quota_obj = resource_quota(HARD_3_100GI_5)
+    controller, writer = new_controller(
+        [quota_obj], {PODS: new_test_pods()}, writer=FakeStatusWriter(conflict=True)
+    )
+    with pytest.raises(Conflict):
+        await controller.sync_resource_quota(quota_obj)
+    assert 1 == len(writer.writes)
+
+
+# -- addQuota
+
+
+@pytest.mark.parametrize(
+    ("quota_obj", "expected_priority"),
+    [
+        # TestAddQuota "no status"
+        pytest.param(
+            resource_quota({"cpu": "4"}, name="rq", namespace="default"),
+            True,
+            id="no status",
+        ),
+        # TestAddQuota "status, no usage"
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"}, name="rq", namespace="default", status={"hard": {"cpu": "4"}}
+            ),
+            True,
+            id="status, no usage",
+        ),
+        # TestAddQuota "status, no usage(to validate it works for extended resources)"
+        pytest.param(
+            resource_quota(
+                {"requests.example/foobars.example.com": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"requests.example/foobars.example.com": "4"}},
+            ),
+            True,
+            id="status, no usage (extended resources)",
+        ),
+        # TestAddQuota "status, mismatch"
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "6"}, "used": {"cpu": "0"}},
+            ),
+            True,
+            id="status, mismatch",
+        ),
+        # TestAddQuota "status, missing usage, but don't care (no informer)"
+        pytest.param(
+            resource_quota(
+                {"foobars.example.com": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"foobars.example.com": "4"}},
+            ),
+            False,
+            id="status, missing usage, but don't care (no informer)",
+        ),
+        # TestAddQuota "ready"
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
+            ),
+            False,
+            id="ready",
+        ),
+        # Upstream rule (addQuota compares with Semantic.DeepEqual, which compares quantities
+        # with Cmp): the same hard value in another format is no mismatch.
+        pytest.param(
+            resource_quota(
+                {"cpu": "4"},
+                name="rq",
+                namespace="default",
+                status={"hard": {"cpu": "4000m"}, "used": {"cpu": "0"}},
+            ),
+            False,
+            id="status, same hard in another format",
+        ),
+        # Upstream rule: Semantic.DeepEqual treats an empty map and a nil one as equal ("An
+        # empty slice *is* equal to a nil slice for our purposes; same for maps"), so an empty
+        # spec.hard and a missing status.hard are no mismatch, and nothing lacks usage.
+        pytest.param(
+            resource_quota({}, name="rq", namespace="default"),
+            False,
+            id="empty spec.hard, no status",
+        ),
+    ],
+)
+async def test_add_quota(quota_obj: Obj, expected_priority: bool) -> None:
+    controller, _ = new_controller()
+    controller.add_quota(quota_obj)
+    key: QuotaKey = ("default", "rq")
+    if expected_priority:
+        assert 1 == len(controller.missing_usage_queue)
+        assert 0 == len(controller.queue)
+        assert key == await controller.missing_usage_queue.get()
+    else:
+        assert 0 == len(controller.missing_usage_queue)
+        assert 1 == len(controller.queue)
+        assert key == await controller.queue.get()
+
+
+# -- the update and delete handlers
+
+
+def _with_hard(quota_obj: Obj, hard: Mapping[str, str]) -> Obj:
+    return {**quota_obj, "spec": {**quota_obj["spec"], "hard": dict(hard)}}
+
+
+READY = resource_quota(
+    {"cpu": "4", "pods": "5"},
+    name="rq",
+    namespace="default",
+    status={"hard": {"cpu": "4", "pods": "5"}, "used": {"cpu": "0", "pods": "0"}},
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected_priority", "expected_primary"),
+    [
+        # Upstream UpdateFunc: a changed spec.hard value goes through addQuota; the new spec
+        # differs from the status, so the key is prioritised.
+        pytest.param(
+            READY, _with_hard(READY, {"cpu": "5", "pods": "5"}), 1, 0, id="spec.hard value changed"
+        ),
+        # Upstream UpdateFunc (quota.V1Equals): a name added to spec.hard.
+        pytest.param(
+            READY,
+            _with_hard(READY, {"cpu": "4", "pods": "5", "memory": "1Gi"}),
+            1,
+            0,
+            id="spec.hard name added",
+        ),
+        # Upstream UpdateFunc (quota.V1Equals): a name removed from spec.hard.
+        pytest.param(READY, _with_hard(READY, {"cpu": "4"}), 1, 0, id="spec.hard name removed"),
+        # Upstream UpdateFunc: V1Equals compares numerically, so a reformatted value is no
+        # change.
+        pytest.param(
+            READY,
+            _with_hard(READY, {"cpu": "4000m", "pods": "5"}),
+            0,
+            0,
+            id="spec.hard numerically equal",
+        ),
+        # Upstream UpdateFunc: status changes are this controller's own writes; ignored.
+        pytest.param(
+            READY,
+            {**READY, "status": {"hard": {"cpu": "4", "pods": "5"}, "used": {"cpu": "1"}}},
+            0,
+            0,
+            id="status only",
+        ),
+    ],
+)
+async def test_update_quota(
+    old: Obj, new: Obj, expected_priority: int, expected_primary: int
+) -> None:
+    controller, _ = new_controller()
+    controller.update_quota(old, new)
+    assert expected_priority == len(controller.missing_usage_queue)
+    assert expected_primary == len(controller.queue)
+    if expected_priority:
+        assert ("default", "rq") == await controller.missing_usage_queue.get()
+
+
+async def test_delete_quota_enqueues_on_the_primary_queue() -> None:
+    # Upstream DeleteFunc: rq.enqueueResourceQuota, the primary queue.
+    controller, _ = new_controller()
+    controller.delete_quota(READY)
+    assert 0 == len(controller.missing_usage_queue)
+    assert 1 == len(controller.queue)
+    assert ("default", "rq") == await controller.queue.get()
+
+
+async def test_enqueue_all_puts_every_quota_on_the_primary_queue() -> None:
+    # Upstream enqueueAll (the full resync): every quota, on the primary queue.
+    quotas = [
+        resource_quota({"cpu": "1"}, name="a", namespace="ns-1"),
+        resource_quota({"cpu": "1"}, name="b", namespace="ns-1"),
+        resource_quota({"cpu": "1"}, name="c", namespace="ns-2"),
+    ]
+    controller, _ = new_controller(quotas)
+    controller.enqueue_all()
+    assert 0 == len(controller.missing_usage_queue)
+    assert 3 == len(controller.queue)
+    keys = {await controller.queue.get() for _ in range(3)}
+    assert {("ns-1", "a"), ("ns-1", "b"), ("ns-2", "c")} == keys
+
+
+# -- replenishQuota
+
+
+def _tracking(name: str, status_hard: Mapping[str, str] | None, namespace: str = "ns") -> Obj:
+    status = None if status_hard is None else {"hard": dict(status_hard)}
+    return resource_quota(
+        dict(status_hard or {"pods": "5"}), name=name, namespace=namespace, status=status
+    )
+
+
+@pytest.mark.parametrize(
+    ("quotas", "group_resource", "namespace", "expected_keys"),
+    [
+        # Upstream replenishQuota: a quota whose status.hard names something the pods
+        # evaluator measures is enqueued (on the primary queue).
+        pytest.param([_tracking("q", {"pods": "5"})], PODS, "ns", [("ns", "q")], id="tracks pods"),
+        pytest.param(
+            [_tracking("q", {"requests.cpu": "1"})],
+            PODS,
+            "ns",
+            [("ns", "q")],
+            id="tracks a compute name of pods",
+        ),
+        # Upstream replenishQuota: only quotas tracking the kind; others are left alone.
+        pytest.param(
+            [_tracking("pods-quota", {"pods": "5"}), _tracking("svc-quota", {"services": "1"})],
+            SERVICES,
+            "ns",
+            [("ns", "svc-quota")],
+            id="only the quota tracking services",
+        ),
+        pytest.param(
+            [_tracking("q", {"services": "1"})], PODS, "ns", [], id="tracks something else"
+        ),
+        # Upstream replenishQuota matches on status.hard: a quota not yet synced is left to
+        # its own (prioritised) sync.
+        pytest.param([_tracking("q", None)], PODS, "ns", [], id="no status.hard"),
+        # Upstream replenishQuota: "check if this namespace even has a quota..."
+        pytest.param(
+            [_tracking("q", {"pods": "5"}, namespace="other")],
+            PODS,
+            "ns",
+            [],
+            id="namespace without quotas",
+        ),
+        # Upstream replenishQuota: "check if the quota controller can evaluate this
+        # groupResource, if not, ignore it altogether..."
+        pytest.param(
+            [_tracking("q", {"count/deployments.apps": "5"})],
+            DEPLOYMENTS,
+            "ns",
+            [],
+            id="kind without an evaluator",
+        ),
+    ],
+)
+async def test_replenish(
+    quotas: Sequence[Obj],
+    group_resource: GroupResource,
+    namespace: str,
+    expected_keys: list[QuotaKey],
+) -> None:
+    controller, writer = new_controller(quotas)
+    controller.replenish(group_resource, namespace)
+    assert 0 == len(controller.missing_usage_queue)
+    assert len(expected_keys) == len(controller.queue)
+    keys = [await controller.queue.get() for _ in expected_keys]
+    assert sorted(expected_keys) == sorted(keys)
+    assert [] == writer.writes
