@@ -59,11 +59,10 @@ async def test_new_quota_gets_status_promptly_and_deletes_lower_usage(
     core = client.CoreV1Api(api)
     await core.create_namespaced_config_map(namespace, {"metadata": {"name": "one"}})
     await core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}})
+    ports = [{"name": "a", "port": 80}, {"name": "b", "port": 81}]
     await core.create_namespaced_service(
-        namespace,
-        {"metadata": {"name": "web"},
-         "spec": {"type": "NodePort", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}},
-    )  # fmt: skip
+        namespace, {"metadata": {"name": "web"}, "spec": {"type": "NodePort", "ports": ports}}
+    )
     await core.create_namespaced_pod(namespace, pod("p1", cpu="250m", memory="64Mi"))
     await core.create_namespaced_pod(namespace, pod("p2", cpu="500m", memory="64Mi"))
     await core.create_namespaced_resource_quota(
