@@ -1,0 +1,143 @@
+"""The quota webhook's registration: which requests the API server sends to tally, and how.
+
+tally manages its ValidatingWebhookConfiguration itself instead of letting Kopf do it, because
+Kopf's managed configuration has ``timeoutSeconds: 30`` hard-coded and no namespaceSelector, and
+would list every resource its handlers match — tally's handler matches everything, and a
+fail-closed webhook on leases and events would hurt the whole cluster.
+
+The rules cover exactly what a quota can charge: the core kinds with evaluators or legacy object
+counts, plus every ``count/<resource>.<group>`` some quota names. They are recomputed as quotas
+change (:func:`count_resources`). Every webhook's client config points at
+``<url>/<handler-id>``: a Kopf webhook path without a handler id runs no handler and allows
+everything.
+
+Fixed fields, whatever the mode (issue 5): failurePolicy ``Fail`` by default (a quota is a limit
+only if creation is refused when tally cannot judge it), sideEffects ``NoneOnDryRun`` (dry-run
+requests are judged and never written), timeoutSeconds 10 (upstream's own bound on quota
+evaluation), matchPolicy ``Equivalent``, and a namespaceSelector that exempts ``kube-system``
+and the operator's own namespace (so that tally can always be restarted).
+
+Pure: builds the object; :mod:`tally.handlers` applies it through the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import group_resource_for_count_name
+
+QUOTA_WEBHOOK_ID: Final = "quota"
+"""The Kopf handler id, and so the last URL path segment of the webhook."""
+
+WEBHOOK_NAME: Final = "quota.tally.dev"
+
+CORE_RESOURCES: Final = (
+    "pods",
+    "pods/resize",  # in-place resize is charged as a delta (spec §1.1)
+    "services",
+    "persistentvolumeclaims",
+    "configmaps",
+    "secrets",
+    "replicationcontrollers",
+    "resourcequotas",
+)
+"""Core kinds upstream's registry evaluates (pods, services, PVCs) or counts with a legacy
+alias. Never a ``/status`` subresource: tally's own quota status writes must not pass through
+tally's webhook."""
+
+TIMEOUT_SECONDS: Final = 10
+DEFAULT_EXEMPT_NAMESPACES: Final = ("kube-system",)
+
+
+def count_resources(quotas: Iterable[Mapping[str, Any]]) -> set[GroupResource]:
+    """Group/resources named by ``count/…`` in any quota's spec or status, besides the core
+    kinds already covered."""
+    found: set[GroupResource] = set()
+    covered = {GroupResource("", r) for r in CORE_RESOURCES}
+    for quota in quotas:
+        for section in ("spec", "status"):
+            hard = (quota.get(section) or {}).get("hard") or {}
+            if not isinstance(hard, Mapping):
+                continue
+            for name in hard:
+                gr = group_resource_for_count_name(str(name))
+                if gr is not None and gr not in covered:
+                    found.add(gr)
+    return found
+
+
+def webhook_rules(extra: Iterable[GroupResource]) -> list[dict[str, Any]]:
+    """Admission rules: the core kinds, then one rule per API group of ``extra``."""
+    operations = ["CREATE", "UPDATE"]
+    core = set(CORE_RESOURCES) | {gr.resource for gr in extra if not gr.group}
+    rules: list[dict[str, Any]] = [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": sorted(core),
+            "operations": operations,
+            "scope": "Namespaced",
+        }
+    ]
+    by_group: dict[str, set[str]] = {}
+    for gr in extra:
+        if gr.group:
+            by_group.setdefault(gr.group, set()).add(gr.resource)
+    for group in sorted(by_group):
+        rules.append(
+            {
+                "apiGroups": [group],
+                "apiVersions": ["*"],
+                "resources": sorted(by_group[group]),
+                "operations": operations,
+                "scope": "Namespaced",
+            }
+        )
+    return rules
+
+
+def validating_webhook_configuration(
+    *,
+    name: str,
+    url: str,
+    ca_bundle: str,
+    rules: list[dict[str, Any]],
+    failure_policy: str = "Fail",
+    exempt_namespaces: Iterable[str] = DEFAULT_EXEMPT_NAMESPACES,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration tally registers (``url`` without the handler id)."""
+    if failure_policy not in ("Fail", "Ignore"):
+        raise ValueError(f"failurePolicy must be Fail or Ignore, not {failure_policy!r}")
+    exempt = sorted(set(exempt_namespaces))
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": dict(labels or {"app.kubernetes.io/name": "tally"})},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "clientConfig": {
+                    "url": f"{url.rstrip('/')}/{QUOTA_WEBHOOK_ID}",
+                    "caBundle": ca_bundle,
+                },
+                "rules": rules,
+                "failurePolicy": failure_policy,
+                "matchPolicy": "Equivalent",
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": TIMEOUT_SECONDS,
+                "admissionReviewVersions": ["v1"],
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": exempt,
+                        }
+                    ]
+                },
+            }
+        ],
+    }
