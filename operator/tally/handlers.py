@@ -27,6 +27,7 @@ from tally.cache import Change, Store
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import new_registry
 from tally.informers import Informer
+from tally.quota_accessor import KubeQuotaAccessor
 from tally.resourcequota.controller import ResourceQuotaController
 from tally.settings import Settings
 
@@ -79,11 +80,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         informers[gr] = Informer(str(gr), store, _lister(api, gr))
     memo.informers = informers
 
+    accessor = KubeQuotaAccessor(informers[RESOURCE_QUOTAS].store, api)
     controller = ResourceQuotaController(
         registry,
         informers[RESOURCE_QUOTAS].store,
         {gr: informers[gr].store for gr in TRACKED_CORE_KINDS},
-        kube.KubeQuotaStatusWriter(api),
+        accessor,
         workers=config.workers,
         resync_period=config.resync_period,
     )

@@ -8,11 +8,9 @@ kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from kubernetes_asyncio import client, config
-
-from tally.resourcequota.controller import Conflict
 
 REQUEST_TIMEOUT_S: Final = 60
 """kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
@@ -54,6 +52,28 @@ async def get_json(
     return data
 
 
+FIELD_MANAGER: Final = "tally"
+
+
+async def put_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """PUT a JSON object and return the stored object as plain data (409 etc. raise
+    ``ApiException``)."""
+    data = await api.call_api(
+        path,
+        "PUT",
+        query_params=[("fieldManager", FIELD_MANAGER)],
+        body=dict(body),
+        header_params={"Accept": "application/json", "Content-Type": "application/json"},
+        response_types_map={200: "object", 201: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _request_timeout=REQUEST_TIMEOUT_S,
+    )
+    if not isinstance(data, dict):
+        raise TypeError(f"PUT {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def collection_path(group: str, version: str, plural: str, namespace: str | None = None) -> str:
     """The URL path of a resource collection, cluster-wide or in one namespace."""
     prefix = f"/api/{version}" if not group else f"/apis/{group}/{version}"
@@ -79,35 +99,3 @@ async def list_objects(
         token = (page.get("metadata") or {}).get("continue") or ""
         if not token:
             return items
-
-
-class KubeQuotaStatusWriter:
-    """``QuotaStatusWriter`` over the API: PUT …/resourcequotas/NAME/status."""
-
-    def __init__(self, api: client.ApiClient, field_manager: str = "tally") -> None:
-        self._core = client.CoreV1Api(api)
-        self._field_manager = field_manager
-
-    async def update_status(
-        self, quota_obj: Mapping[str, Any], status: Mapping[str, Mapping[str, str]]
-    ) -> None:
-        metadata = quota_obj["metadata"]
-        # The whole object as read, resourceVersion included: the API server rejects the
-        # write with 409 if the quota changed since (compare and swap).
-        body = {**quota_obj, "status": status}
-        try:
-            await self._core.replace_namespaced_resource_quota_status(
-                metadata["name"],
-                metadata["namespace"],
-                cast(Any, body),  # a plain dict serialises as is
-                field_manager=self._field_manager,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        except client.ApiException as error:
-            if error.status == 409:
-                raise Conflict(
-                    f"{metadata['namespace']}/{metadata['name']}: {error.reason}"
-                ) from error
-            if error.status == 404:
-                return  # deleted meanwhile: the delete event clears everything else
-            raise
