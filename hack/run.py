@@ -54,12 +54,14 @@ def main() -> int:
             _kubectl(kubectl, kubeconfig, "apply", "-f", str(example))
 
         liveness_port = cluster.free_port()
+        metrics_port = cluster.free_port()
         print(
             "\n[run] tally is starting. From another shell:\n"
             f"    export KUBECONFIG={kubeconfig}\n"
             f"    alias kubectl={kubectl}\n"
             "    kubectl get ns\n"
             f"  liveness: http://127.0.0.1:{liveness_port}/healthz\n"
+            f"  metrics:  http://127.0.0.1:{metrics_port}/metrics\n"
             "  Ctrl-C here stops the operator"
             + (" and the control plane.\n" if started_here else ".\n"),
             flush=True,
@@ -76,7 +78,12 @@ def main() -> int:
                 f"--liveness=http://127.0.0.1:{liveness_port}/healthz",
             ],
             cwd=REPO,
-            env={**os.environ, "KUBECONFIG": kubeconfig},
+            env={
+                **os.environ,
+                "KUBECONFIG": kubeconfig,
+                "TALLY_METRICS_ADDR": "127.0.0.1",
+                "TALLY_METRICS_PORT": str(metrics_port),
+            },
         )
         try:
             return operator.wait()

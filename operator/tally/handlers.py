@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import kopf
@@ -27,6 +27,7 @@ from tally.cache import Change, Store
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import new_registry
 from tally.informers import Informer
+from tally.metrics import Metrics
 from tally.quota_accessor import KubeQuotaAccessor
 from tally.resourcequota.controller import ResourceQuotaController
 from tally.settings import Settings
@@ -64,12 +65,20 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # Kopf logs every handler run at INFO; for a cache fed by every pod event that is noise
+    # (and cost). Failures still log at ERROR.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     config = Settings.from_env()
     api = await kube.make_api_client()
     memo.api = api
     memo.apiserver_version = await kube.server_version(api)
     logger.info("connected to the API server, version %s", memo.apiserver_version)
+
+    metrics = Metrics()
+    memo.metrics = metrics
+    if config.metrics_port:
+        memo.metrics_runner = await metrics.serve(config.metrics_addr, config.metrics_port)
 
     registry = new_registry()
     informers: dict[GroupResource, Informer[Any]] = {}
@@ -88,6 +97,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         accessor,
         workers=config.workers,
         resync_period=config.resync_period,
+        metrics_provider=metrics.workqueue,
+        observer=metrics,
     )
     memo.quota_controller = controller
 
@@ -128,13 +139,18 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
         await controller.stop()
     for informer in (memo.get("informers") or {}).values():
         await informer.stop()
+    runner = memo.get("metrics_runner")
+    if runner is not None:
+        await runner.cleanup()
     api = memo.get("api")
     if api is not None:
         await api.close()
 
 
-def _feed(gr: GroupResource) -> Callable[..., None]:
-    def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+def _feed(gr: GroupResource) -> Callable[..., Coroutine[Any, Any, None]]:
+    # async, not a plain function: Kopf runs plain handlers in a thread pool, and the stores,
+    # queues and timers they touch belong to the event loop.
+    async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         informer = (memo.get("informers") or {}).get(gr)
         if informer is not None:
             informer.on_event(event["type"], event["object"])

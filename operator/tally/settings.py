@@ -30,6 +30,10 @@ class Settings(BaseModel):
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""
+    metrics_addr: str = "0.0.0.0"
+    """``TALLY_METRICS_ADDR``: where ``/metrics`` listens."""
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    """``TALLY_METRICS_PORT``: ``/metrics`` port; 0 turns the endpoint off."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -124,14 +124,22 @@ def operator(
     port = cluster.free_port()
     liveness_url = f"http://127.0.0.1:{port}/healthz"
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
+    metrics_port = cluster.free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(control_plane.kubeconfig),
+        "TALLY_METRICS_ADDR": "127.0.0.1",
+        "TALLY_METRICS_PORT": str(metrics_port),
+    }
     command = [
         sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
         "--all-namespaces", "--standalone", f"--liveness={liveness_url}",
     ]  # fmt: skip
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
-    running = RunningOperator(process, liveness_url, log)
+    running = RunningOperator(
+        process, liveness_url, log, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"
+    )
     try:
         deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
         while True:

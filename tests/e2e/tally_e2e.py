@@ -28,6 +28,7 @@ class RunningOperator:
     process: subprocess.Popen[bytes]
     liveness_url: str
     log: Path
+    metrics_url: str
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

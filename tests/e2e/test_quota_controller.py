@@ -9,6 +9,7 @@ so objects are created before the quota that counts them, and deletions lower us
 from __future__ import annotations
 
 import time
+import urllib.request
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -154,3 +155,24 @@ async def test_scopes_partition_pod_usage(
     await core.delete_namespaced_pod("terminating", namespace, grace_period_seconds=0)
     await wait_used(api, namespace, "terminating", {"pods": "0"}, within=PROMPTLY_S)
     await wait_used(api, namespace, "not-best-effort", {"pods": "1"}, within=PROMPTLY_S)
+
+
+async def test_metrics_export_quotas_and_queues(
+    operator: RunningOperator, api: client.ApiClient, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "q"}, "spec": {"hard": {"secrets": "7"}}}
+    )
+    await wait_used(api, namespace, "q", {"secrets": "0"}, within=PROMPTLY_S)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+    text = scrape()
+    labels = f'namespace="{namespace}",resource="secrets",resourcequota="q"'
+    assert f'kube_resourcequota{{{labels},type="hard"}} 7.0' in text
+    assert f'kube_resourcequota{{{labels},type="used"}} 0.0' in text
+    assert 'workqueue_adds_total{name="resourcequota_priority"}' in text
+    assert "tally_resourcequota_sync_duration_seconds_count" in text

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from tally import resources as quota
@@ -76,6 +76,20 @@ class QuotaStatusWriter(Protocol):
         ...
 
 
+class SyncObserver(Protocol):
+    """What the controller reports as it works (implemented by :mod:`tally.metrics`)."""
+
+    def quota_synced(
+        self, key: QuotaKey, hard: Mapping[str, Quantity], used: Mapping[str, Quantity]
+    ) -> None:
+        """A quota's status now is (or was already) ``hard`` / ``used``."""
+        ...
+
+    def quota_deleted(self, key: QuotaKey) -> None: ...
+
+    def sync_finished(self, duration: float, error: Exception | None) -> None: ...
+
+
 def quota_key(quota_obj: Obj) -> QuotaKey:
     metadata = quota_obj["metadata"]
     return str(metadata.get("namespace") or ""), str(metadata["name"])
@@ -114,8 +128,7 @@ class ResourceQuotaController:
         workers: int = DEFAULT_WORKERS,
         resync_period: float = DEFAULT_RESYNC_PERIOD_S,
         metrics_provider: MetricsProvider | None = None,
-        on_synced: Callable[[Obj, Mapping[str, Quantity], Mapping[str, Quantity]], None]
-        | None = None,
+        observer: SyncObserver | None = None,
     ) -> None:
         self.registry = registry
         """Evaluators for every watched kind; ``calculate_usage`` uses exactly these."""
@@ -127,8 +140,8 @@ class ResourceQuotaController:
         self.writer = writer
         self.workers = workers
         self.resync_period = resync_period
-        self.on_synced = on_synced
-        """Called after each successful sync with (quota, hard, used): metrics hook."""
+        self.observer = observer
+        """Told about every sync (metrics); never decides anything."""
         self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
             default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
         )
@@ -213,8 +226,19 @@ class ResourceQuotaController:
     async def _sync_key(self, key: QuotaKey) -> None:
         quota_obj = self.quotas.get(*key)
         if quota_obj is None:
-            return  # deleted: nothing to do
-        await self.sync_resource_quota(quota_obj)
+            # Deleted: nothing to write.
+            if self.observer is not None:
+                self.observer.quota_deleted(key)
+            return
+        started = time.monotonic()
+        try:
+            await self.sync_resource_quota(quota_obj)
+        except Exception as error:
+            if self.observer is not None:
+                self.observer.sync_finished(time.monotonic() - started, error)
+            raise
+        if self.observer is not None:
+            self.observer.sync_finished(time.monotonic() - started, None)
 
     def calculate(self, quota_obj: Obj) -> tuple[dict[str, Quantity], dict[str, Quantity]]:
         """(hard, used) as the next status write would carry them (``syncResourceQuota``).
@@ -271,8 +295,8 @@ class ResourceQuotaController:
             (time.monotonic() - started) * 1000,
             dirty,
         )
-        if self.on_synced is not None:
-            self.on_synced(quota_obj, hard, used)
+        if self.observer is not None:
+            self.observer.quota_synced(quota_key(quota_obj), hard, used)
         if errors:
             raise UsageError(used, errors)
 

@@ -1,0 +1,102 @@
+"""Prometheus metrics: one registry, one ``/metrics`` endpoint on the operator's event loop.
+
+* work queues: client-go's names (``workqueue_depth``, ``workqueue_adds_total``, …, label
+  ``name``) through :class:`tally.workqueue.PrometheusMetricsProvider`;
+* the quota controller: ``tally_resourcequota_sync_duration_seconds`` and
+  ``tally_resourcequota_sync_errors_total``;
+* quotas themselves, shaped like kube-state-metrics' ``kube_resourcequota{namespace,
+  resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work.
+
+Served by aiohttp (already Kopf's server library) on the operator's own loop rather than
+prometheus-client's threaded HTTP server: tally keeps threads out of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from tally.quantity import Quantity
+from tally.resourcequota.controller import QuotaKey
+from tally.workqueue import PrometheusMetricsProvider
+
+logger = logging.getLogger(__name__)
+
+_NANOS = 1_000_000_000
+
+
+class Metrics:
+    """Every metric tally exports, in one private registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.workqueue = PrometheusMetricsProvider(self.registry)
+        self.sync_duration = Histogram(
+            "tally_resourcequota_sync_duration_seconds",
+            "Time to recalculate one ResourceQuota and write its status if it changed.",
+            registry=self.registry,
+        )
+        self.sync_errors = Counter(
+            "tally_resourcequota_sync_errors",
+            "ResourceQuota syncs that failed and were requeued with backoff.",
+            registry=self.registry,
+        )
+        self.resource_quota = Gauge(
+            "kube_resourcequota",
+            "Information about resource quota (kube-state-metrics shape), from tally.",
+            ["namespace", "resourcequota", "resource", "type"],
+            registry=self.registry,
+        )
+        # The label sets exported per quota, so that names dropped from a quota (or a deleted
+        # quota) stop being exported instead of keeping their last value forever.
+        self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
+
+    # -- tally.resourcequota.controller.SyncObserver
+
+    def quota_synced(
+        self, key: QuotaKey, hard: Mapping[str, Quantity], used: Mapping[str, Quantity]
+    ) -> None:
+        namespace, name = key
+        current = {(resource, "hard") for resource in hard} | {(r, "used") for r in used}
+        for resource, kind in self._series.get(key, set()) - current:
+            self.resource_quota.remove(namespace, name, resource, kind)
+        for kind, values in (("hard", hard), ("used", used)):
+            for resource, quantity in values.items():
+                self.resource_quota.labels(namespace, name, resource, kind).set(
+                    quantity.nanos / _NANOS
+                )
+        self._series[key] = current
+
+    def quota_deleted(self, key: QuotaKey) -> None:
+        for resource, kind in self._series.pop(key, set()):
+            self.resource_quota.remove(*key, resource, kind)
+
+    def sync_finished(self, duration: float, error: Exception | None) -> None:
+        self.sync_duration.observe(duration)
+        if error is not None:
+            self.sync_errors.inc()
+
+    # -- serving
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, addr: str, port: int) -> web.AppRunner:
+        """Start ``GET /metrics`` on ``addr:port``; the caller cleans the runner up."""
+
+        async def metrics(_: web.Request) -> web.Response:
+            response = web.Response(body=self.exposition())
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return response
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics)])
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, addr, port).start()
+        logger.info("serving metrics at http://%s:%d/metrics", addr, port)
+        return runner

@@ -1,0 +1,60 @@
+"""tally.metrics: kube_resourcequota follows each quota's names; sync metrics count."""
+
+from __future__ import annotations
+
+import pytest
+
+from tally.metrics import Metrics
+from tally.quantity import parse_quantity
+
+pytestmark = pytest.mark.unit
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_quota_series_follow_the_quota() -> None:
+    metrics = Metrics()
+    key = ("team-a", "compute")
+    metrics.quota_synced(
+        key,
+        {"requests.cpu": parse_quantity("2"), "pods": parse_quantity("10")},
+        {"requests.cpu": parse_quantity("750m"), "pods": parse_quantity("3")},
+    )
+    labels = {"namespace": "team-a", "resourcequota": "compute"}
+    assert (
+        sample(metrics, "kube_resourcequota", **labels, resource="requests.cpu", type="used")
+        == 0.75
+    )
+    assert sample(metrics, "kube_resourcequota", **labels, resource="pods", type="hard") == 10.0
+
+    # pods dropped from the quota: its series go, the others stay.
+    metrics.quota_synced(
+        key, {"requests.cpu": parse_quantity("2")}, {"requests.cpu": parse_quantity("1")}
+    )
+    assert sample(metrics, "kube_resourcequota", **labels, resource="pods", type="hard") is None
+    assert (
+        sample(metrics, "kube_resourcequota", **labels, resource="requests.cpu", type="used") == 1.0
+    )
+
+    metrics.quota_deleted(key)
+    assert (
+        sample(metrics, "kube_resourcequota", **labels, resource="requests.cpu", type="hard")
+        is None
+    )
+
+
+def test_sync_duration_and_errors() -> None:
+    metrics = Metrics()
+    metrics.sync_finished(0.01, None)
+    metrics.sync_finished(0.02, RuntimeError("409"))
+    assert sample(metrics, "tally_resourcequota_sync_duration_seconds_count") == 2.0
+    assert sample(metrics, "tally_resourcequota_sync_errors_total") == 1.0
+
+
+def test_exposition_has_client_go_workqueue_names() -> None:
+    metrics = Metrics()
+    metrics.workqueue.new_adds_metric("resourcequota_primary").inc()
+    text = metrics.exposition().decode()
+    assert 'workqueue_adds_total{name="resourcequota_primary"} 1.0' in text
