@@ -1,0 +1,555 @@
+"""Quota admission's engine: per-namespace batching, compare-and-swap reservation, retries.
+
+This module owns upstream's ``quotaEvaluator`` (``apiserver/pkg/admission/plugin/resourcequota/
+controller.go``) and the request filtering of ``admission.go``'s ``Validate``, on one asyncio
+event loop:
+
+* :meth:`QuotaEvaluator.evaluate` filters the request (CREATE and UPDATE only; cluster-scoped
+  objects and Namespace creation skipped; ignored resources skipped; the evaluator's
+  ``handles`` decides, which is where subresources are filtered), then queues a *waiter* for the
+  request's namespace and waits at most 10 s for its verdict.
+* N workers (5 by default, as upstream) take namespaces off a :class:`~tally.workqueue.Queue`,
+  which never hands one namespace to two workers at once. A worker checks **all** waiters of its
+  namespace in one pass against one read of the quotas, and writes each changed quota once: a
+  burst of pod creates in a namespace costs one status write per quota per pass, not one per
+  pod. Waiters that arrive while their namespace is being worked on wait for the next pass
+  (``dirty_work``); this is the workqueue's dirty/processing idea keyed by namespace.
+* The charge is reserved by writing the quota's status with the resourceVersion that was read
+  (compare and swap). A write that loses is retried against a fresh read, up to 3 times. A
+  request is allowed only after every quota it charges has been written, so the quotas'
+  ``status.used`` never admits more than ``status.hard``, however many webhook replicas or
+  workers race.
+
+Statuses, and where tally's answer differs in form from upstream's:
+
+* timeout: 500 ``Internal error occurred: resource quota evaluation timed out``; upstream's
+  ``apierrors.NewInternalError`` yields exactly this message, so the webhook's message (after
+  ``denied the request: ``) matches what reference mode prints;
+* conflicts on every attempt: 409 ``Operation cannot be fulfilled on resourcequotas "<name>":
+  the object has been modified; please apply your changes to the latest version and try
+  again``, the API server's text for the lost write, which upstream passes through;
+* any other failure to read or write quotas, or an unexpected error: a 500 (deny on internal
+  error; never allow what could not be checked).
+
+Deliberate differences from upstream's ``checkQuotas``, each closing a hole in its retry:
+
+* A retry re-checks only the requests still pending (those waiting on a failed write).
+  Upstream re-checks every waiter against the retried subset and resets a waiter that changes
+  nothing there to *allowed*, so a request that an unrelated, successfully written quota had
+  refused could be admitted. Here a refusal is final.
+* A retry skips the LimitedResources checks: the requests passed them against the full quota
+  list, and the subset of retried quotas would not cover names the other quotas cover.
+* A waiter whose caller has stopped waiting (timeout or cancellation) is dropped before it is
+  checked, so the quota is not charged for a request the client was told failed.
+* After :meth:`QuotaEvaluator.stop`, requests are refused at once with a 500 instead of timing
+  out.
+
+Left out: serving, AdmissionReview parsing and the Kopf handler (the webhook adapter), and the
+quota view (the :class:`~tally.admission.accessor.QuotaAccessor` passed in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from tally.admission.accessor import Conflict, QuotaAccessor, quota_name
+from tally.admission.attributes import Attributes, is_namespace_creation
+from tally.admission.checks import Quota, Request, check_batch
+from tally.admission.config import Configuration, LimitedResource
+from tally.admission.errors import (
+    CONFLICT,
+    FORBIDDEN,
+    AdmissionDenied,
+    internal_error,
+    unknown_error,
+)
+from tally.evaluators.base import Evaluator, Operation
+from tally.evaluators.registry import Registry, new_registry
+from tally.workqueue import Queue, ShutDown
+
+__all__ = [
+    "CHECK_QUOTAS_RETRIES",
+    "DEFAULT_WORKERS",
+    "EVALUATION_TIMEOUT_S",
+    "TIMED_OUT",
+    "AdmissionMetrics",
+    "CountingAdmissionMetrics",
+    "NoopAdmissionMetrics",
+    "QuotaEvaluator",
+    "conflict_message",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WORKERS: Final = 5
+"""Upstream ``NewResourceQuota(configuration, 5)``: namespaces checked in parallel."""
+EVALUATION_TIMEOUT_S: Final = 10.0
+"""Upstream ``Evaluate``'s ``time.After(10 * time.Second)``: how long a request waits for its
+verdict, queueing included. The webhook's ``timeoutSeconds`` should not be shorter, or the API
+server gives up first and applies the failure policy instead of this 500."""
+CHECK_QUOTAS_RETRIES: Final = 3
+"""Upstream ``checkAttributes`` calls ``checkQuotas(quotas, admissionAttributes, 3)``: one
+attempt plus 3 retries, at most 4 writes of a quota per pass."""
+
+TIMED_OUT: Final = "resource quota evaluation timed out"
+SHUTTING_DOWN: Final = "resource quota evaluator is shutting down"
+DEFAULT_DENY: Final = "DEFAULT DENY"
+"""Upstream's ``defaultDeny``: the verdict of a waiter nothing decided (should never show)."""
+
+
+def conflict_message(name: str) -> str:
+    """The API server's 409 text for a status write that lost its compare-and-swap."""
+    return (
+        f'Operation cannot be fulfilled on resourcequotas "{name}": the object has been '
+        "modified; please apply your changes to the latest version and try again"
+    )
+
+
+def resolving_error_message(error: object) -> str:
+    """Upstream ``GetQuotas``' ``error resolving quota: %v``."""
+    return f"error resolving quota: {error}"
+
+
+# -- metrics --
+
+
+class AdmissionMetrics(Protocol):
+    """Hooks for admission metrics; every method is called on the event loop and must not block.
+
+    ``result`` is one of ``allowed``, ``ignored`` (nothing to check), ``forbidden`` (403),
+    ``conflict`` (409) or ``error`` (500, including timeouts).
+    """
+
+    def request_finished(self, resource: str, result: str, seconds: float) -> None:
+        """A call to ``evaluate`` ended; ``resource`` is ``str(GroupResource)``."""
+        ...
+
+    def batch_checked(self, size: int) -> None:
+        """A pass checked ``size`` waiters of one namespace together."""
+        ...
+
+    def write_conflicted(self) -> None:
+        """A quota status write lost its compare-and-swap (409)."""
+        ...
+
+    def retried(self) -> None:
+        """A pass re-read its quotas to retry failed writes."""
+        ...
+
+
+class NoopAdmissionMetrics:
+    """Records nothing (the default)."""
+
+    def request_finished(self, resource: str, result: str, seconds: float) -> None:
+        pass
+
+    def batch_checked(self, size: int) -> None:
+        pass
+
+    def write_conflicted(self) -> None:
+        pass
+
+    def retried(self) -> None:
+        pass
+
+
+@dataclass
+class CountingAdmissionMetrics:
+    """Plain counters, for tests and for a Prometheus adapter to read."""
+
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    batch_sizes: list[int] = field(default_factory=list)
+    conflicts: int = 0
+    retries: int = 0
+
+    def request_finished(self, resource: str, result: str, seconds: float) -> None:
+        key = (resource, result)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def batch_checked(self, size: int) -> None:
+        self.batch_sizes.append(size)
+
+    def write_conflicted(self) -> None:
+        self.conflicts += 1
+
+    def retried(self) -> None:
+        self.retries += 1
+
+
+_: type[AdmissionMetrics] = NoopAdmissionMetrics
+_ = CountingAdmissionMetrics
+
+
+def _result_label(denied: AdmissionDenied | None) -> str:
+    if denied is None:
+        return "allowed"
+    if denied.code == FORBIDDEN:
+        return "forbidden"
+    if denied.code == CONFLICT:
+        return "conflict"
+    return "error"
+
+
+# -- waiters --
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """One request waiting for its verdict (upstream ``admissionWaiter``)."""
+
+    request: Request
+    future: asyncio.Future[AdmissionDenied | None]
+    """Resolved exactly once, with ``None`` (allowed) or the refusal; never with an exception,
+    so a verdict nobody awaits any more (a timed-out caller) is not an unretrieved error."""
+    abandoned: bool = False
+    """Set when the caller stopped waiting; the worker then drops the waiter unchecked, or
+    stops re-checking it."""
+
+    def resolve(self, verdict: AdmissionDenied | None) -> None:
+        if not self.future.done():
+            self.future.set_result(verdict)
+
+
+class QuotaEvaluator:
+    """Decides quota admission for requests, batching them per namespace (``quotaEvaluator``).
+
+    Call :meth:`start` on the running loop (or let the first :meth:`evaluate` do it, as
+    upstream's ``init.Do(e.start)`` does) and :meth:`stop` at shutdown.
+    """
+
+    def __init__(
+        self,
+        accessor: QuotaAccessor,
+        registry: Registry | None = None,
+        config: Configuration | None = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        timeout: float = EVALUATION_TIMEOUT_S,
+        retries: int = CHECK_QUOTAS_RETRIES,
+        metrics: AdmissionMetrics | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self._accessor = accessor
+        self._registry = registry if registry is not None else new_registry()
+        self._config = config if config is not None else Configuration()
+        self._workers = workers
+        self._timeout = timeout
+        self._retries = retries
+        self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
+
+        #: Namespaces with waiters to check. The queue never hands one namespace to two
+        #: workers at once, and collapses repeated adds of a namespace into one pass.
+        self._queue: Queue[str] = Queue(name="admission_quota_controller")
+        #: Waiters for the next pass of each namespace. A namespace here is in the queue, or
+        #: in ``_in_progress`` with its waiters moved here by ``complete_work``… and then in
+        #: the queue again (the add during processing re-queues it on ``done``).
+        self._work: dict[str, list[_Waiter]] = {}
+        #: Waiters that arrived while their namespace was in progress. Only namespaces in
+        #: ``_in_progress`` have entries; ``complete_work`` moves them to ``_work``.
+        self._dirty_work: dict[str, list[_Waiter]] = {}
+        #: Namespaces a worker is checking now (between ``get_work`` and ``complete_work``).
+        self._in_progress: set[str] = set()
+
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopping = False
+
+    @property
+    def limited_resources(self) -> tuple[LimitedResource, ...]:
+        return self._config.limited_resources
+
+    # -- lifecycle --
+
+    def start(self) -> None:
+        """Start the workers on the running loop; later calls do nothing."""
+        if self._started:
+            return
+        self._started = True
+        for index in range(self._workers):
+            task = asyncio.create_task(self._run_worker(), name=f"admission-quota-worker-{index}")
+            task.add_done_callback(self._on_worker_done)
+            self._tasks.append(task)
+
+    async def stop(self, grace_period: float = EVALUATION_TIMEOUT_S) -> None:
+        """Refuse new requests, let the workers finish the passes already queued, then stop.
+
+        Workers still busy after ``grace_period`` seconds are cancelled; their waiters are
+        refused with a 500. Every waiter gets a verdict before this returns.
+        """
+        self._stopping = True
+        try:
+            await asyncio.wait_for(self._queue.shut_down_with_drain(), grace_period)
+        except TimeoutError:
+            logger.warning("quota admission: passes still running after %g s", grace_period)
+            self._queue.shut_down()
+        pending = {task for task in self._tasks if not task.done()}
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=grace_period)
+        for task in pending:
+            task.cancel()
+        if pending:
+            _, hanging = await asyncio.wait(pending, timeout=grace_period)
+            for task in hanging:
+                logger.error("quota admission: worker %s will not stop", task.get_name())
+        for waiters in (*self._work.values(), *self._dirty_work.values()):
+            for waiter in waiters:
+                waiter.resolve(internal_error(SHUTTING_DOWN))
+        self._work.clear()
+        self._dirty_work.clear()
+
+    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
+        """A worker runs until :meth:`stop`; say loudly when one ends any other way."""
+        if task.cancelled():
+            if not self._stopping:
+                logger.error("quota admission: worker %s was cancelled", task.get_name())
+            return
+        error = task.exception()
+        if error is not None:
+            logger.error(
+                "quota admission: worker %s crashed; one worker fewer",
+                task.get_name(),
+                exc_info=error,
+            )
+        elif not self._stopping:
+            logger.error("quota admission: worker %s exited unexpectedly", task.get_name())
+
+    # -- the request side --
+
+    async def evaluate(self, attributes: Attributes) -> None:
+        """Return if the request is allowed; raise :class:`AdmissionDenied` if not.
+
+        Requests quota does not look at return at once. The others wait for the pass of their
+        namespace, at most ``timeout`` seconds (then 500 ``resource quota evaluation timed
+        out``).
+        """
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        resource = str(attributes.group_resource)
+        result = "error"
+        try:
+            evaluator = self._evaluator_for(attributes)
+            if evaluator is None:
+                result = "ignored"
+                return
+            if self._stopping:
+                raise internal_error(SHUTTING_DOWN)
+            self.start()
+            waiter = _Waiter(Request(attributes, evaluator), loop.create_future())
+            self.add_work(waiter)
+            try:
+                done, _ = await asyncio.wait({waiter.future}, timeout=self._timeout)
+            finally:
+                if not waiter.future.done():
+                    waiter.abandoned = True
+            if not done:
+                raise internal_error(TIMED_OUT)
+            verdict = waiter.future.result()
+            result = _result_label(verdict)
+            if verdict is not None:
+                # A copy per caller: one verdict may be shared by every waiter of a pass.
+                raise AdmissionDenied(verdict.code, verdict.message, verdict.reason)
+        except AdmissionDenied as denied:
+            result = _result_label(denied)
+            raise
+        finally:
+            self._metrics.request_finished(resource, result, time.monotonic() - started)
+
+    def _evaluator_for(self, attributes: Attributes) -> Evaluator | None:
+        """The evaluator that must check this request, or ``None`` when quota ignores it.
+
+        ``admission.go``'s ``Validate`` and the start of ``Evaluate``, in their order.
+        """
+        if attributes.operation not in (Operation.CREATE, Operation.UPDATE):
+            return None
+        if not attributes.namespace or is_namespace_creation(attributes):
+            return None
+        evaluator = self._registry.get_or_count(attributes.group_resource)
+        if evaluator is None:
+            return None  # an ignored resource
+        try:
+            handled = evaluator.handles(
+                attributes.operation, attributes.subresource, attributes.old_obj, attributes.obj
+            )
+        except ValueError as error:
+            raise unknown_error(str(error)) from error
+        return evaluator if handled else None
+
+    # -- work bookkeeping (upstream addWork / getWork / completeWork) --
+
+    def add_work(self, waiter: _Waiter) -> None:
+        """Queue ``waiter`` for its namespace's next pass."""
+        namespace = waiter.request.attributes.namespace
+        self._queue.add(namespace)
+        if namespace in self._in_progress:
+            self._dirty_work.setdefault(namespace, []).append(waiter)
+            return
+        self._work.setdefault(namespace, []).append(waiter)
+
+    async def get_work(self) -> tuple[str, list[_Waiter]]:
+        """The next namespace and all its waiting requests; the namespace is now in progress.
+
+        Every return must be followed by :meth:`complete_work` for that namespace, whatever
+        happens (the list may be empty). Raises :class:`~tally.workqueue.ShutDown` after
+        :meth:`stop` once nothing is queued.
+        """
+        namespace = await self._queue.get()
+        waiters = [w for w in self._work.pop(namespace, []) if not w.abandoned]
+        self._dirty_work.pop(namespace, None)
+        self._in_progress.add(namespace)
+        return namespace, waiters
+
+    def complete_work(self, namespace: str) -> None:
+        """End the pass of ``namespace``: waiters that arrived meanwhile become the next work."""
+        self._queue.done(namespace)
+        dirty = self._dirty_work.pop(namespace, [])
+        if dirty:
+            self._work.setdefault(namespace, []).extend(dirty)
+        self._in_progress.discard(namespace)
+
+    async def _run_worker(self) -> None:
+        while True:
+            try:
+                namespace, waiters = await self.get_work()
+            except ShutDown:
+                return
+            try:
+                if waiters:
+                    await self.check_attributes(namespace, waiters)
+            finally:
+                self.complete_work(namespace)
+
+    # -- the checks (upstream checkAttributes / checkQuotas) --
+
+    async def check_attributes(self, namespace: str, waiters: Sequence[_Waiter]) -> None:
+        """Check one namespace's waiters together; every waiter has a verdict on return.
+
+        Upstream's default is to deny: a waiter that nothing decided (an unexpected error, or
+        cancellation at shutdown) is refused with a 500.
+        """
+        self._metrics.batch_checked(len(waiters))
+        fallback = unknown_error(DEFAULT_DENY)
+        try:
+            try:
+                quotas = await self._accessor.get_quotas(namespace)
+            except AdmissionDenied as denied:
+                fallback = denied
+                return
+            except Exception as error:
+                logger.warning("quota admission: reading quotas of %s failed: %s", namespace, error)
+                fallback = unknown_error(resolving_error_message(error))
+                return
+            if not quotas and not self._config.limited_resources:
+                # Without quotas and without LimitedResources nothing can be refused.
+                for waiter in waiters:
+                    waiter.resolve(None)
+                return
+            await self.check_quotas(namespace, quotas, waiters, self._retries)
+        except asyncio.CancelledError:
+            fallback = internal_error(SHUTTING_DOWN)
+            raise
+        except Exception as error:
+            logger.exception("quota admission: checking namespace %s failed", namespace)
+            fallback = unknown_error(f"resource quota evaluation failed: {error}")
+        finally:
+            for waiter in waiters:
+                waiter.resolve(fallback)
+
+    async def check_quotas(
+        self,
+        namespace: str,
+        quotas: Sequence[Quota],
+        waiters: Sequence[_Waiter],
+        remaining_retries: int,
+    ) -> None:
+        """Check ``waiters`` against ``quotas`` and reserve their charges. In phases:
+
+        1. Check each waiter against the running quotas (``check_batch``): a refused waiter
+           gets its error at once and does not change the totals; a dry-run waiter is judged
+           and never added; a waiter that changes no quota is allowed at once; the others are
+           *pending* and their charges join the totals.
+        2. If no quota changed, return: every waiter has its verdict.
+        3. Write every changed quota's status, carrying the resourceVersion read (compare and
+           swap). If all writes succeed, allow the pending waiters and return.
+        4. If some writes failed and no retries remain, or the quotas cannot be re-read, refuse
+           the pending waiters with the last write error (409 for a conflict) and return.
+        5. Otherwise re-read the namespace's quotas, keep only those whose write failed (by
+           name; a quota deleted meanwhile is skipped), and go back to 1 with the pending
+           waiters only. Their other charges are already written, so checking them against the
+           retried quotas alone is enough.
+        """
+        requests = [waiter.request for waiter in waiters]
+        limited: Sequence[LimitedResource] = self._config.limited_resources
+        to_check: list[int] | None = None
+        while True:
+            # Phase 1.
+            batch = check_batch(quotas, requests, limited, check=to_check)
+            for index, verdict in batch.decisions.items():
+                waiters[index].resolve(verdict)
+            pending = batch.pending
+            # Phase 2.
+            if not batch.changed:
+                for index in pending:  # empty: a pending waiter changed some quota
+                    waiters[index].resolve(None)
+                return
+            # Phase 3.
+            failed, last_error = await self._write(batch.quotas, batch.changed)
+            if last_error is None:
+                for index in pending:
+                    waiters[index].resolve(None)
+                return
+            # Phase 4.
+            if remaining_retries <= 0:
+                self._refuse(waiters, pending, last_error)
+                return
+            self._metrics.retried()
+            try:
+                fresh = await self._accessor.get_quotas(namespace)
+            except Exception as error:
+                logger.warning(
+                    "quota admission: re-reading quotas of %s failed: %s", namespace, error
+                )
+                self._refuse(waiters, pending, last_error)
+                return
+            # Phase 5.
+            quotas = [q for q in fresh if quota_name(q) in failed]
+            to_check = [index for index in pending if not waiters[index].abandoned]
+            limited = ()
+            remaining_retries -= 1
+
+    @staticmethod
+    def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:
+        for index in indexes:
+            waiters[index].resolve(error)
+
+    async def _write(
+        self, quotas: Sequence[Quota], changed: Sequence[int]
+    ) -> tuple[set[str], AdmissionDenied | None]:
+        """Write the changed quotas at once; the names that failed and the last failure."""
+        results = await asyncio.gather(
+            *(self._accessor.update_quota_status(quotas[index]) for index in changed),
+            return_exceptions=True,
+        )
+        failed: set[str] = set()
+        last_error: AdmissionDenied | None = None
+        for index, outcome in zip(changed, results, strict=True):
+            if not isinstance(outcome, BaseException):
+                continue
+            name = quota_name(quotas[index])
+            if isinstance(outcome, Conflict):
+                self._metrics.write_conflicted()
+                last_error = AdmissionDenied(CONFLICT, conflict_message(name))
+            elif isinstance(outcome, AdmissionDenied):
+                last_error = outcome
+            elif isinstance(outcome, Exception):
+                logger.warning("quota admission: writing quota %s failed: %r", name, outcome)
+                last_error = unknown_error(str(outcome) or type(outcome).__name__)
+            else:
+                raise outcome  # CancelledError and friends
+            failed.add(name)
+        return failed, last_error
