@@ -83,6 +83,7 @@ def main() -> int:
                 "KUBECONFIG": kubeconfig,
                 "TALLY_METRICS_ADDR": "127.0.0.1",
                 "TALLY_METRICS_PORT": str(metrics_port),
+                "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
             },
         )
         try:

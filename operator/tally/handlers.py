@@ -1,60 +1,36 @@
-"""Kopf wiring: registers tally's handlers and owns the process-wide objects they share.
+"""Kopf wiring: registers tally's handlers and translates Kopf's callbacks into calls on
+:class:`tally.runtime.Runtime`. Nothing here decides anything about quota.
 
-Handlers here only translate Kopf's callbacks into calls on plain objects; nothing in this
-module decides anything about quota or PodSets.
-
-* ``@kopf.on.event`` on ResourceQuotas and every core quota-tracked kind feeds the informers
-  (tally never writes onto these objects: event handlers that return None write nothing).
-* Start-up connects tally's API client, LISTs every tracked kind (the caches' synced point),
-  then starts the ResourceQuota controller's workers. Kopf starts its watches only after the
-  start-up handlers finished, so no event is lost between the LIST and the watch: Kopf's own
-  initial listing replays everything, and the replays are dropped by resourceVersion.
+* ``@kopf.on.event`` on ResourceQuotas and every core quota-tracked kind feeds the informers.
+  These handlers return None, so Kopf writes nothing onto objects tally does not own.
+* ``@kopf.on.validate`` (id ``quota``) serves quota admission for every resource the
+  registered webhook configuration sends (the rules decide which; see :mod:`tally.webhook`).
+* Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
+  controller and admission workers running. Kopf starts its watches and its webhook server
+  only after the start-up handlers finished, so no event is lost between the LIST and the
+  watch (Kopf's own initial listing replays everything; replays are dropped by
+  resourceVersion) and no admission request is judged on an unsynced cache.
 * The liveness probe reports the API server version reached at start-up. It does no I/O: an API
   server outage must not make the kubelet restart tally, which would not help.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import Any
 
 import kopf
 
 from tally import kube
-from tally.cache import Change, Store
+from tally.admission.attributes import Attributes
+from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource
-from tally.evaluators.registry import new_registry
-from tally.informers import Informer
-from tally.metrics import Metrics
-from tally.quota_accessor import KubeQuotaAccessor
-from tally.resourcequota.controller import ResourceQuotaController
-from tally.settings import Settings
+from tally.runtime import RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
+from tally.settings import Settings, SettingsError
+from tally.webhook import QUOTA_WEBHOOK_ID
 
 logger = logging.getLogger(__name__)
-
-RESOURCE_QUOTAS: Final = GroupResource("", "resourcequotas")
-TRACKED_CORE_KINDS: Final = (
-    GroupResource("", "pods"),
-    GroupResource("", "services"),
-    GroupResource("", "persistentvolumeclaims"),
-    GroupResource("", "configmaps"),
-    GroupResource("", "secrets"),
-    GroupResource("", "replicationcontrollers"),
-)
-
-
-def _keep_whole(obj: Any) -> Any:
-    """Quotas are few and small; the controller needs their spec and status as read."""
-    return obj
-
-
-def _lister(api: Any, gr: GroupResource) -> Callable[[], Any]:
-    async def list_kind() -> list[dict[str, Any]]:
-        return await kube.list_objects(api, gr.group, "v1", gr.resource)
-
-    return list_kind
 
 
 @kopf.on.startup()
@@ -65,83 +41,38 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    # Kopf logs every handler run at INFO; for a cache fed by every pod event that is noise
+    # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise
     # (and cost). Failures still log at ERROR.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-
-    config = Settings.from_env()
+    try:
+        config = Settings.from_env()
+    except SettingsError as error:
+        raise kopf.PermanentError(str(error)) from None
     api = await kube.make_api_client()
     memo.api = api
     memo.apiserver_version = await kube.server_version(api)
     logger.info("connected to the API server, version %s", memo.apiserver_version)
 
-    metrics = Metrics()
-    memo.metrics = metrics
-    if config.metrics_port:
-        memo.metrics_runner = await metrics.serve(config.metrics_addr, config.metrics_port)
-
-    registry = new_registry()
-    informers: dict[GroupResource, Informer[Any]] = {}
-    for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
-        evaluator = registry.get(gr)
-        project = evaluator.project if evaluator is not None and gr != RESOURCE_QUOTAS else None
-        store: Store[Any] = Store(project or _keep_whole, name=str(gr))
-        informers[gr] = Informer(str(gr), store, _lister(api, gr))
-    memo.informers = informers
-
-    accessor = KubeQuotaAccessor(informers[RESOURCE_QUOTAS].store, api)
-    controller = ResourceQuotaController(
-        registry,
-        informers[RESOURCE_QUOTAS].store,
-        {gr: informers[gr].store for gr in TRACKED_CORE_KINDS},
-        accessor,
-        workers=config.workers,
-        resync_period=config.resync_period,
-        metrics_provider=metrics.workqueue,
-        observer=metrics,
-    )
-    memo.quota_controller = controller
-
-    def on_quota(change: Change[Any]) -> None:
-        if change.old is None:
-            controller.add_quota(change.new or {})
-        elif change.new is None:
-            controller.delete_quota(change.old)
-        else:
-            controller.update_quota(change.old, change.new)
-
-    informers[RESOURCE_QUOTAS].add_handler(on_quota)
-    for gr in TRACKED_CORE_KINDS:
-        evaluator = registry.get(gr)
-
-        def on_tracked(change: Change[Any], gr: GroupResource = gr, ev: Any = evaluator) -> None:
-            # Creations are charged by admission; deletions and the updates the evaluator
-            # names as usage-lowering trigger a recalculation (replenishment).
-            if change.new is None or (
-                change.old is not None and ev is not None
-                and ev.requires_replenishment(change.old, change.new)
-            ):  # fmt: skip
-                controller.replenish(gr, change.namespace)
-
-        informers[gr].add_handler(on_tracked)
-
-    # The synced point: every kind listed once before any worker reads the caches.
-    await asyncio.gather(*(informer.sync() for informer in informers.values()))
-    controller.start()
-    logger.info("caches synced (%s); quota controller started",
-                ", ".join(f"{gr}={len(i.store)}" for gr, i in informers.items()))  # fmt: skip
+    runtime = Runtime(config, api)
+    memo.runtime = runtime
+    await runtime.start()
+    if runtime.certificate is not None:
+        # Kopf reads this after the start-up handlers and only then starts serving.
+        settings.admission.server = kopf.WebhookServer(
+            addr=config.webhook_addr,
+            port=config.webhook_port,
+            host=config.webhook_host or config.webhook_addr,
+            certfile=str(runtime.certificate.certfile),
+            pkeyfile=str(runtime.certificate.pkeyfile),
+            cafile=str(runtime.certificate.cafile),
+        )
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    controller = memo.get("quota_controller")
-    if controller is not None:
-        await controller.stop()
-    for informer in (memo.get("informers") or {}).values():
-        await informer.stop()
-    runner = memo.get("metrics_runner")
-    if runner is not None:
-        await runner.cleanup()
+    runtime = memo.get("runtime")
+    if runtime is not None:
+        await runtime.stop()
     api = memo.get("api")
     if api is not None:
         await api.close()
@@ -151,9 +82,9 @@ def _feed(gr: GroupResource) -> Callable[..., Coroutine[Any, Any, None]]:
     # async, not a plain function: Kopf runs plain handlers in a thread pool, and the stores,
     # queues and timers they touch belong to the event loop.
     async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        informer = (memo.get("informers") or {}).get(gr)
-        if informer is not None:
-            informer.on_event(event["type"], event["object"])
+        runtime = memo.get("runtime")
+        if runtime is not None:
+            runtime.on_event(gr, event["type"], event["object"])
         # Returns None: Kopf writes nothing onto the object.
 
     return on_event
@@ -161,6 +92,48 @@ def _feed(gr: GroupResource) -> Callable[..., Coroutine[Any, Any, None]]:
 
 for _gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
     kopf.on.event("v1", _gr.resource, id=f"cache-{_gr.resource}")(_feed(_gr))
+
+
+@kopf.on.validate(  # type: ignore[arg-type]
+    kopf.EVERYTHING, id=QUOTA_WEBHOOK_ID, operations=["CREATE", "UPDATE"], subresource="*"
+)
+async def validate_quota(
+    memo: kopf.Memo,
+    resource: kopf.Resource,
+    namespace: str | None,
+    name: str | None,
+    operation: str | None,
+    subresource: str | None,
+    new: kopf.Body | None,
+    old: kopf.Body | None,
+    dryrun: bool,
+    **_: Any,
+) -> None:
+    """Quota admission for one request: translate, evaluate, turn a denial into Kopf's."""
+    runtime: Runtime | None = memo.get("runtime")
+    if runtime is None:
+        # Kopf serves webhooks only after start-up, so this is a broken invariant: refuse
+        # rather than allow something a quota would deny.
+        raise kopf.AdmissionError("tally is not started", code=500)
+    attributes = Attributes(
+        namespace=namespace or "",
+        name=name or "",
+        group_resource=GroupResource(resource.group, resource.plural),
+        subresource=subresource or "",
+        operation=operation or "",
+        obj=_raw(new),
+        old_obj=_raw(old),
+        dry_run=dryrun,
+    )
+    try:
+        await runtime.admit(attributes)
+    except AdmissionDenied as denied:
+        raise kopf.AdmissionError(denied.message, code=denied.code) from None
+
+
+def _raw(body: kopf.Body | None) -> dict[str, Any] | None:
+    """The raw JSON behind Kopf's read-only view (evaluators read plain mappings)."""
+    return None if body is None else dict(body)
 
 
 @kopf.on.probe(id="apiserver")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +34,34 @@ class Settings(BaseModel):
     """``TALLY_METRICS_ADDR``: where ``/metrics`` listens."""
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     """``TALLY_METRICS_PORT``: ``/metrics`` port; 0 turns the endpoint off."""
+
+    webhook_enabled: bool = True
+    """``TALLY_WEBHOOK_ENABLED``: serve and register the quota admission webhook."""
+    webhook_addr: str = "127.0.0.1"
+    """``TALLY_WEBHOOK_ADDR``: where the webhook server listens."""
+    webhook_port: int = Field(default=9443, ge=1, le=65535)
+    """``TALLY_WEBHOOK_PORT``: the webhook server's port."""
+    webhook_host: str = ""
+    """``TALLY_WEBHOOK_HOST``: the host the API server dials (URL and certificate SAN);
+    default: the listening address."""
+    webhook_cert_dir: str = ""
+    """``TALLY_WEBHOOK_CERT_DIR``: where the generated CA and serving pair are written;
+    default: a private temporary directory."""
+    webhook_failure_policy: Literal["Fail", "Ignore"] = "Fail"
+    """``TALLY_WEBHOOK_FAILURE_POLICY``: what the API server does when tally cannot answer."""
+    webhook_config_name: str = Field(default="tally.dev", min_length=1)
+    """``TALLY_WEBHOOK_CONFIG_NAME``: the ValidatingWebhookConfiguration tally manages."""
+    webhook_remove_on_exit: bool = True
+    """``TALLY_WEBHOOK_REMOVE_ON_EXIT``: delete the configuration on a graceful exit. Right for
+    local development (a dead fail-closed webhook blocks every pod create); set false in a
+    cluster, where refusing creates while tally is down is what keeps quotas limits."""
+    namespace: str = ""
+    """``TALLY_NAMESPACE``: the operator's own namespace, exempt from the webhook like
+    kube-system (so tally's own pods can always be created)."""
+    admission_workers: int = Field(default=5, ge=1, le=100)
+    """``TALLY_ADMISSION_WORKERS``: namespaces evaluated at once (upstream: 5)."""
+    admission_config: str = ""
+    """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -36,6 +36,7 @@ from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_ac
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_START_TIMEOUT_S = 60.0
+WEBHOOK_CONFIGURATION = "validatingwebhookconfiguration/tally.dev"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -130,6 +131,7 @@ def operator(
         "KUBECONFIG": str(control_plane.kubeconfig),
         "TALLY_METRICS_ADDR": "127.0.0.1",
         "TALLY_METRICS_PORT": str(metrics_port),
+        "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
     }
     command = [
         sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
@@ -155,6 +157,11 @@ def operator(
                 pytest.fail(
                     f"the operator's liveness endpoint never answered:\n{running.log_text()}"
                 )
+            time.sleep(0.2)
+        # Admission is on only once tally registered its webhook configuration.
+        while control_plane.kubectl("get", WEBHOOK_CONFIGURATION, check=False).returncode != 0:
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the operator never registered its webhook:\n{running.log_text()}")
             time.sleep(0.2)
         yield running
     finally:

@@ -1,0 +1,151 @@
+"""Keeps tally's ValidatingWebhookConfiguration in the cluster, and its rules current.
+
+The configuration is applied once the webhook server answers (registering a fail-closed webhook
+before anything listens would refuse every pod create in the meantime), re-applied whenever the
+set of ``count/…`` resources named by quotas changes, and — in local development only — removed
+on a graceful exit, so that a stopped operator does not leave a dead fail-closed webhook behind.
+In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+
+from tally import kube
+from tally.evaluators.base import GroupResource
+from tally.webhook import count_resources, validating_webhook_configuration, webhook_rules
+
+logger = logging.getLogger(__name__)
+
+PATH: Final = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+READY_POLL_S: Final = 0.1
+REFRESH_DEBOUNCE_S: Final = 0.2
+
+
+class WebhookRegistrar:
+    """Applies the configuration built by :func:`tally.webhook.validating_webhook_configuration`."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        name: str,
+        url: str,
+        ca_pem: bytes,
+        listen: tuple[str, int],
+        quotas: Callable[[], Iterable[Mapping[str, Any]]],
+        failure_policy: str,
+        exempt_namespaces: Iterable[str],
+    ) -> None:
+        self._api = api
+        self.name = name
+        self._url = url
+        self._ca_pem = ca_pem
+        self._listen = listen
+        self._quotas = quotas
+        self._failure_policy = failure_policy
+        self._exempt = tuple(exempt_namespaces)
+        self._applied: set[GroupResource] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None
+        self.registered = asyncio.Event()
+
+    def body(self, extra: Iterable[GroupResource]) -> dict[str, Any]:
+        return validating_webhook_configuration(
+            name=self.name,
+            url=self._url,
+            ca_bundle=base64.b64encode(self._ca_pem).decode("ascii"),
+            rules=webhook_rules(extra),
+            failure_policy=self._failure_policy,
+            exempt_namespaces=self._exempt,
+        )
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._register_when_serving(), name="webhook-registrar")
+        self._task.add_done_callback(_log_failure)
+
+    async def _register_when_serving(self) -> None:
+        context = ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
+        host, port = self._listen
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(
+                    host, port, ssl=context, server_hostname=host
+                )
+            except OSError:
+                await asyncio.sleep(READY_POLL_S)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+            break
+        await self.apply()
+        self.registered.set()
+        logger.info("webhook %s registered at %s", self.name, self._url)
+
+    async def apply(self) -> None:
+        """Create or replace the configuration with rules for the current quotas."""
+        extra = count_resources(self._quotas())
+        body = self.body(extra)
+        try:
+            current = await kube.get_json(self._api, f"{PATH}/{self.name}")
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            await self._api.call_api(
+                PATH,
+                "POST",
+                body=body,
+                header_params={"Content-Type": "application/json"},
+                auth_settings=["BearerToken"],
+                _request_timeout=kube.REQUEST_TIMEOUT_S,
+            )
+        else:
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await kube.put_json(self._api, f"{PATH}/{self.name}", body)
+        self._applied = extra
+
+    def quotas_changed(self) -> None:
+        """A quota changed: re-apply if the set of ``count/`` resources did (debounced)."""
+        if self._applied is None or (self._refresh is not None and not self._refresh.done()):
+            return
+        self._refresh = asyncio.create_task(self._refresh_rules(), name="webhook-rules")
+        self._refresh.add_done_callback(_log_failure)
+
+    async def _refresh_rules(self) -> None:
+        await asyncio.sleep(REFRESH_DEBOUNCE_S)
+        if count_resources(self._quotas()) != self._applied:
+            await self.apply()
+            logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
+
+    async def stop(self, *, remove: bool) -> None:
+        for task in (self._task, self._refresh):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if remove:
+            with contextlib.suppress(client.ApiException):
+                await self._api.call_api(
+                    f"{PATH}/{self.name}",
+                    "DELETE",
+                    auth_settings=["BearerToken"],
+                    _request_timeout=kube.REQUEST_TIMEOUT_S,
+                )
+            logger.info("webhook %s removed", self.name)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        logger.critical("%s failed: %r", task.get_name(), error, exc_info=error)

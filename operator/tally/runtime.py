@@ -1,0 +1,205 @@
+"""Everything one tally process runs, built from settings and an API client, in start order.
+
+:class:`Runtime` is what the Kopf handlers talk to: ``start`` builds the informers (one per
+tracked kind), LISTs them (the synced point), starts the quota controller and the admission
+evaluator, and prepares the webhook server and its registration; ``stop`` undoes it in reverse.
+Event entry points (``on_event``) and the admission entry point (``admit``) are plain
+coroutines, so the Kopf layer stays a few lines of translation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from tally import kube
+from tally.admission.attributes import Attributes
+from tally.admission.config import Configuration, parse_configuration
+from tally.admission.evaluator import QuotaEvaluator
+from tally.cache import Change, Store
+from tally.certs import ServingCertificate, generate_serving_certificate
+from tally.evaluators.base import Evaluator, GroupResource
+from tally.evaluators.registry import Registry, new_registry
+from tally.informers import Informer
+from tally.metrics import Metrics
+from tally.quota_accessor import KubeQuotaAccessor
+from tally.registrar import WebhookRegistrar
+from tally.resourcequota.controller import ResourceQuotaController
+from tally.settings import Settings
+from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
+
+logger = logging.getLogger(__name__)
+
+RESOURCE_QUOTAS: Final = GroupResource("", "resourcequotas")
+TRACKED_CORE_KINDS: Final = (
+    GroupResource("", "pods"),
+    GroupResource("", "services"),
+    GroupResource("", "persistentvolumeclaims"),
+    GroupResource("", "configmaps"),
+    GroupResource("", "secrets"),
+    GroupResource("", "replicationcontrollers"),
+)
+"""The core kinds upstream's quota controller always watches (its evaluators' kinds)."""
+
+
+def _keep_whole(obj: Any) -> Any:
+    """Quotas are few and small; the controller and admission need spec and status as read."""
+    return obj
+
+
+class Runtime:
+    """tally's process-wide objects. Build with :meth:`start`; tear down with :meth:`stop`."""
+
+    def __init__(self, settings: Settings, api: client.ApiClient) -> None:
+        self.settings = settings
+        self.api = api
+        self.registry: Registry = new_registry()
+        self.metrics = Metrics()
+        self.informers: dict[GroupResource, Informer[Any]] = {}
+        for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
+            evaluator = self.registry.get(gr) if gr != RESOURCE_QUOTAS else None
+            store: Store[Any] = Store(
+                evaluator.project if evaluator is not None else _keep_whole, name=str(gr)
+            )
+            self.informers[gr] = Informer(str(gr), store, self._lister(gr))
+        self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
+        self.accessor = KubeQuotaAccessor(self.quotas, api)
+        self.controller = ResourceQuotaController(
+            self.registry,
+            self.quotas,
+            {gr: self.informers[gr].store for gr in TRACKED_CORE_KINDS},
+            self.accessor,
+            workers=settings.workers,
+            resync_period=settings.resync_period,
+            metrics_provider=self.metrics.workqueue,
+            observer=self.metrics,
+        )
+        self.admission = QuotaEvaluator(
+            self.accessor,
+            self.registry,
+            _load_admission_config(settings.admission_config),
+            workers=settings.admission_workers,
+        )
+        self.certificate: ServingCertificate | None = None
+        self.registrar: WebhookRegistrar | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self._wire_handlers()
+
+    def _lister(self, gr: GroupResource) -> Any:
+        async def list_kind() -> list[dict[str, Any]]:
+            return await kube.list_objects(self.api, gr.group, "v1", gr.resource)
+
+        return list_kind
+
+    def _wire_handlers(self) -> None:
+        controller = self.controller
+
+        def on_quota(change: Change[Any]) -> None:
+            if change.new is None:
+                if change.old is not None:
+                    controller.delete_quota(change.old)
+            elif change.old is None:
+                controller.add_quota(change.new)
+            else:
+                controller.update_quota(change.old, change.new)
+            if self.registrar is not None:
+                self.registrar.quotas_changed()
+
+        self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
+        for gr in TRACKED_CORE_KINDS:
+            self.informers[gr].add_handler(_replenisher(controller, gr, self.registry.get(gr)))
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        settings = self.settings
+        if settings.metrics_port:
+            self._metrics_runner = await self.metrics.serve(
+                settings.metrics_addr, settings.metrics_port
+            )
+        # The synced point: every kind listed once before any worker reads the caches.
+        await asyncio.gather(*(informer.sync() for informer in self.informers.values()))
+        self.controller.start()
+        self.admission.start()
+        logger.info(
+            "caches synced (%s); quota controller and admission started",
+            ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
+        )
+        if settings.webhook_enabled:
+            host = settings.webhook_host or settings.webhook_addr
+            directory = Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-"))
+            self.certificate = generate_serving_certificate(directory, [host])
+            self.registrar = WebhookRegistrar(
+                self.api,
+                name=settings.webhook_config_name,
+                url=f"https://{host}:{settings.webhook_port}",
+                ca_pem=self.certificate.ca_pem,
+                listen=(settings.webhook_addr, settings.webhook_port),
+                quotas=self._all_quotas,
+                failure_policy=settings.webhook_failure_policy,
+                exempt_namespaces=[
+                    *DEFAULT_EXEMPT_NAMESPACES,
+                    *([settings.namespace] if settings.namespace else []),
+                ],
+            )
+            # Registers once Kopf's webhook server (started after the start-up handlers)
+            # answers.
+            self.registrar.start()
+
+    def _all_quotas(self) -> list[Any]:
+        return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
+
+    async def stop(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.stop(remove=self.settings.webhook_remove_on_exit)
+        await self.admission.stop()
+        await self.controller.stop()
+        for informer in self.informers.values():
+            await informer.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+
+    # -- entry points for the Kopf layer
+
+    def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        informer = self.informers.get(gr)
+        if informer is not None:
+            informer.on_event(event_type, obj)
+
+    async def admit(self, attributes: Attributes) -> None:
+        """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
+        await self.admission.evaluate(attributes)
+
+
+def _replenisher(
+    controller: ResourceQuotaController, gr: GroupResource, evaluator: Evaluator | None
+) -> Any:
+    def on_tracked(change: Change[Any]) -> None:
+        # Creations are charged by admission; deletions and the updates the evaluator names as
+        # usage-lowering trigger a recalculation (upstream's replenishment).
+        if change.new is None or (
+            change.old is not None
+            and evaluator is not None
+            and evaluator.requires_replenishment(change.old, change.new)
+        ):
+            controller.replenish(gr, change.namespace)
+
+    return on_tracked
+
+
+def _load_admission_config(path: str) -> Configuration | None:
+    if not path:
+        return None
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"TALLY_ADMISSION_CONFIG={path!r}: {error}") from error
+    return parse_configuration(raw)
