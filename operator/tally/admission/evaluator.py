@@ -246,9 +246,9 @@ class QuotaEvaluator:
         #: Namespaces with waiters to check. The queue never hands one namespace to two
         #: workers at once, and collapses repeated adds of a namespace into one pass.
         self._queue: Queue[str] = Queue(name="admission_quota_controller")
-        #: Waiters for the next pass of each namespace. A namespace here is in the queue, or
-        #: in ``_in_progress`` with its waiters moved here by ``complete_work``… and then in
-        #: the queue again (the add during processing re-queues it on ``done``).
+        #: Waiters for the next pass of each namespace. Every namespace with an entry here is
+        #: in the queue (queued, or being processed and added again, which re-queues it on
+        #: ``done``), so its waiters are always picked up.
         self._work: dict[str, list[_Waiter]] = {}
         #: Waiters that arrived while their namespace was in progress. Only namespaces in
         #: ``_in_progress`` have entries; ``complete_work`` moves them to ``_work``.
