@@ -22,11 +22,11 @@ from typing import Any
 
 import kopf
 
-from tally import kube
+from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource
-from tally.runtime import RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
+from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
 from tally.settings import Settings, SettingsError
 from tally.webhook import QUOTA_WEBHOOK_ID
 
@@ -92,6 +92,9 @@ def _feed(gr: GroupResource) -> Callable[..., Coroutine[Any, Any, None]]:
 
 for _gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
     kopf.on.event("v1", _gr.resource, id=f"cache-{_gr.resource}")(_feed(_gr))
+kopf.on.event(PODSETS.group, podset_client.VERSION, PODSETS.resource, id="cache-podsets")(
+    _feed(PODSETS)
+)
 
 
 @kopf.on.validate(  # type: ignore[arg-type]

@@ -4,6 +4,8 @@
   ``name``) through :class:`tally.workqueue.PrometheusMetricsProvider`;
 * the quota controller: ``tally_resourcequota_sync_duration_seconds`` and
   ``tally_resourcequota_sync_errors_total``;
+* quota admission: ``tally_admission_requests_total{resource,result}``, a latency histogram,
+  batch sizes, conflicts and retries;
 * quotas themselves, shaped like kube-state-metrics' ``kube_resourcequota{namespace,
   resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work.
 
@@ -51,6 +53,35 @@ class Metrics:
             ["namespace", "resourcequota", "resource", "type"],
             registry=self.registry,
         )
+        self.admission_requests = Counter(
+            "tally_admission_requests",
+            "Quota admission decisions, by resource and result "
+            "(allowed, ignored, forbidden, conflict, error).",
+            ["resource", "result"],
+            registry=self.registry,
+        )
+        self.admission_duration = Histogram(
+            "tally_admission_duration_seconds",
+            "Time from receiving an admission request to its decision.",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.admission_batch_size = Histogram(
+            "tally_admission_batch_size",
+            "Requests of one namespace checked together in one pass.",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+            registry=self.registry,
+        )
+        self.admission_conflicts = Counter(
+            "tally_admission_write_conflicts",
+            "Quota status reservations that lost their compare-and-swap (409).",
+            registry=self.registry,
+        )
+        self.admission_retries = Counter(
+            "tally_admission_retries",
+            "Passes that re-read quotas to retry failed reservations.",
+            registry=self.registry,
+        )
         # The label sets exported per quota, so that names dropped from a quota (or a deleted
         # quota) stop being exported instead of keeping their last value forever.
         self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
@@ -79,6 +110,21 @@ class Metrics:
         self.sync_duration.observe(duration)
         if error is not None:
             self.sync_errors.inc()
+
+    # -- tally.admission.evaluator.AdmissionMetrics
+
+    def request_finished(self, resource: str, result: str, seconds: float) -> None:
+        self.admission_requests.labels(resource, result).inc()
+        self.admission_duration.labels(resource).observe(seconds)
+
+    def batch_checked(self, size: int) -> None:
+        self.admission_batch_size.observe(size)
+
+    def write_conflicted(self) -> None:
+        self.admission_conflicts.inc()
+
+    def retried(self) -> None:
+        self.admission_retries.inc()
 
     # -- serving
 

@@ -12,26 +12,17 @@ The informer here is the usage controller's quota store, synced before the webho
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from kubernetes_asyncio import client
 
 from tally import kube
+from tally.admission.accessor import UpdatedQuotas
 from tally.cache import Store
 from tally.resourcequota.controller import Conflict
 
 Obj = Mapping[str, Any]
-UPDATED_QUOTAS_SIZE: Final = 100
-"""Upstream ``lru.New(100)``: enough to cover the quotas written during one watch delay."""
-
-
-def _resource_version(quota: Obj) -> int:
-    try:
-        return int((quota.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _key(quota: Obj) -> tuple[str, str]:
@@ -50,21 +41,17 @@ class KubeQuotaAccessor:
     def __init__(self, quotas: Store[Obj], api: client.ApiClient) -> None:
         self._quotas = quotas
         self._api = api
-        self._updated: OrderedDict[tuple[str, str], Obj] = OrderedDict()
+        self._updated = UpdatedQuotas()
 
     async def get_quotas(self, namespace: str) -> list[Obj]:
         """The namespace's quotas by name, each the newer of the cached and our written copy.
 
         No I/O: a namespace without quotas costs a dictionary lookup.
         """
-        result = []
-        for cached in self._quotas.in_namespace(namespace):
-            written = self._updated.get(_key(cached))
-            if written is not None and _resource_version(written) > _resource_version(cached):
-                result.append(written)
-            else:
-                result.append(cached)
-        return sorted(result, key=_key)
+        return sorted(
+            (self._updated.check_cache(q) for q in self._quotas.in_namespace(namespace)),
+            key=_key,
+        )
 
     async def update_quota_status(self, quota: Obj) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
@@ -76,10 +63,7 @@ class KubeQuotaAccessor:
             if error.status == 409:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
             raise
-        self._updated[(namespace, name)] = stored
-        self._updated.move_to_end((namespace, name))
-        while len(self._updated) > UPDATED_QUOTAS_SIZE:
-            self._updated.popitem(last=False)
+        self._updated.add(stored)
         return stored
 
     async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:

@@ -20,16 +20,18 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from tally import kube
+from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
 from tally.cache import Change, Store
 from tally.certs import ServingCertificate, generate_serving_certificate
 from tally.evaluators.base import Evaluator, GroupResource
+from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.informers import Informer
 from tally.metrics import Metrics
+from tally.podset.controller import PodSetController, pod_view
 from tally.quota_accessor import KubeQuotaAccessor
 from tally.registrar import WebhookRegistrar
 from tally.resourcequota.controller import ResourceQuotaController
@@ -48,6 +50,10 @@ TRACKED_CORE_KINDS: Final = (
     GroupResource("", "replicationcontrollers"),
 )
 """The core kinds upstream's quota controller always watches (its evaluators' kinds)."""
+PODS: Final = GroupResource("", "pods")
+PODSETS: Final = GroupResource(podset_client.GROUP, podset_client.PLURAL)
+"""tally's own kind: reconciled by the PodSet controller and countable by quotas."""
+ADMISSION_TIMEOUT_S: Final = 9.5
 
 
 def _keep_whole(obj: Any) -> Any:
@@ -63,19 +69,26 @@ class Runtime:
         self.api = api
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
+        # count/podsets.tally.dev works like any object count (and admission charges it).
+        self.registry.register(ObjectCountEvaluator(PODSETS))
         self.informers: dict[GroupResource, Informer[Any]] = {}
-        for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
-            evaluator = self.registry.get(gr) if gr != RESOURCE_QUOTAS else None
+        for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS):
+            evaluator = self.registry.get(gr) if gr not in (RESOURCE_QUOTAS, PODSETS) else None
             store: Store[Any] = Store(
                 evaluator.project if evaluator is not None else _keep_whole, name=str(gr)
             )
             self.informers[gr] = Informer(str(gr), store, self._lister(gr))
+        # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle),
+        # fed by the same pod events as the quota view.
+        self.pod_views: Informer[Any] = Informer(
+            "pods(podset)", Store(pod_view, name="pods(podset)"), self._lister(PODS)
+        )
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         self.accessor = KubeQuotaAccessor(self.quotas, api)
         self.controller = ResourceQuotaController(
             self.registry,
             self.quotas,
-            {gr: self.informers[gr].store for gr in TRACKED_CORE_KINDS},
+            {gr: self.informers[gr].store for gr in (*TRACKED_CORE_KINDS, PODSETS)},
             self.accessor,
             workers=settings.workers,
             resync_period=settings.resync_period,
@@ -87,6 +100,20 @@ class Runtime:
             self.registry,
             _load_admission_config(settings.admission_config),
             workers=settings.admission_workers,
+            # Under the webhook's 10 s timeoutSeconds, so that the API server gets our answer
+            # (upstream's words, 500) rather than giving up and applying the failure policy.
+            timeout=ADMISSION_TIMEOUT_S,
+            metrics=self.metrics,
+        )
+        self.recorder = podset_client.KubeEventRecorder(api)
+        self.podset_controller = PodSetController(
+            self.informers[PODSETS].store,
+            self.pod_views.store,
+            podset_client.KubePodControl(api),
+            podset_client.KubePodSetClient(api),
+            self.recorder,
+            workers=settings.workers,
+            metrics_provider=self.metrics.workqueue,
         )
         self.certificate: ServingCertificate | None = None
         self.registrar: WebhookRegistrar | None = None
@@ -94,8 +121,17 @@ class Runtime:
         self._wire_handlers()
 
     def _lister(self, gr: GroupResource) -> Any:
+        version = podset_client.VERSION if gr == PODSETS else "v1"
+
         async def list_kind() -> list[dict[str, Any]]:
-            return await kube.list_objects(self.api, gr.group, "v1", gr.resource)
+            try:
+                return await kube.list_objects(self.api, gr.group, version, gr.resource)
+            except client.ApiException as error:
+                if error.status == 404 and gr == PODSETS:
+                    # The CRD is not installed (yet): no PodSets. Kopf starts watching them
+                    # when it appears, and those events fill the store.
+                    return []
+                raise
 
         return list_kind
 
@@ -114,8 +150,10 @@ class Runtime:
                 self.registrar.quotas_changed()
 
         self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
-        for gr in TRACKED_CORE_KINDS:
+        for gr in (*TRACKED_CORE_KINDS, PODSETS):
             self.informers[gr].add_handler(_replenisher(controller, gr, self.registry.get(gr)))
+        self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
+        self.pod_views.add_handler(self.podset_controller.on_pod)
 
     # -- lifecycle
 
@@ -126,8 +164,11 @@ class Runtime:
                 settings.metrics_addr, settings.metrics_port
             )
         # The synced point: every kind listed once before any worker reads the caches.
-        await asyncio.gather(*(informer.sync() for informer in self.informers.values()))
+        await asyncio.gather(
+            *(informer.sync() for informer in (*self.informers.values(), self.pod_views))
+        )
         self.controller.start()
+        self.podset_controller.start()
         self.admission.start()
         logger.info(
             "caches synced (%s); quota controller and admission started",
@@ -161,9 +202,11 @@ class Runtime:
         if self.registrar is not None:
             await self.registrar.stop(remove=self.settings.webhook_remove_on_exit)
         await self.admission.stop()
+        await self.podset_controller.stop()
         await self.controller.stop()
-        for informer in self.informers.values():
+        for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
+        await self.recorder.flush()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
 
@@ -173,6 +216,8 @@ class Runtime:
         informer = self.informers.get(gr)
         if informer is not None:
             informer.on_event(event_type, obj)
+        if gr == PODS:
+            self.pod_views.on_event(event_type, obj)
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""

@@ -58,3 +58,18 @@ def test_exposition_has_client_go_workqueue_names() -> None:
     metrics.workqueue.new_adds_metric("resourcequota_primary").inc()
     text = metrics.exposition().decode()
     assert 'workqueue_adds_total{name="resourcequota_primary"} 1.0' in text
+
+
+def test_admission_metrics() -> None:
+    metrics = Metrics()
+    metrics.request_finished("pods", "allowed", 0.004)
+    metrics.request_finished("pods", "forbidden", 0.002)
+    metrics.batch_checked(3)
+    metrics.write_conflicted()
+    metrics.retried()
+    labels = {"resource": "pods", "result": "forbidden"}
+    assert sample(metrics, "tally_admission_requests_total", **labels) == 1.0
+    assert sample(metrics, "tally_admission_duration_seconds_count", resource="pods") == 2.0
+    assert sample(metrics, "tally_admission_batch_size_sum") == 3.0
+    assert sample(metrics, "tally_admission_write_conflicts_total") == 1.0
+    assert sample(metrics, "tally_admission_retries_total") == 1.0

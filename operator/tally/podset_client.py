@@ -1,0 +1,148 @@
+"""The PodSet controller's writes over kubernetes-asyncio: pods, PodSet status, Events.
+
+Every call has a timeout, carries tally's field manager, and turns API failures into
+:class:`tally.podset.controller.PodControlError` with the HTTP status and the Status causes
+(the controller needs "namespace terminating" and "not found" apart from other errors).
+Events are posted in the background: a lost Event must never fail or slow a sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+from kubernetes_asyncio import client
+
+from tally import kube
+from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
+from tally.podset.controller import PodControlError
+
+logger = logging.getLogger(__name__)
+
+GROUP: Final = "tally.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "podsets"
+COMPONENT: Final = "tally-podset-controller"
+
+
+def _control_error(error: client.ApiException) -> PodControlError:
+    message = str(error.reason or "")
+    causes: list[str] = []
+    try:
+        body = json.loads(error.body or "{}")
+        message = body.get("message") or message
+        causes = [c.get("reason", "") for c in (body.get("details") or {}).get("causes") or []]
+    except (TypeError, ValueError):
+        pass
+    return PodControlError(message, status=int(error.status or 0), causes=causes)
+
+
+class KubePodControl:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    async def _call(self, path: str, method: str, body: Any, content_type: str) -> Any:
+        try:
+            return await self._api.call_api(
+                path,
+                method,
+                query_params=[("fieldManager", kube.FIELD_MANAGER)] if method != "DELETE" else [],
+                body=body,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=kube.REQUEST_TIMEOUT_S,
+            )
+        except client.ApiException as error:
+            raise _control_error(error) from error
+
+    async def create_pod(self, namespace: str, pod: Mapping[str, Any]) -> Mapping[str, Any]:
+        path = kube.collection_path("", "v1", "pods", namespace)
+        created = await self._call(path, "POST", dict(pod), "application/json")
+        return created if isinstance(created, Mapping) else {}
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        path = kube.collection_path("", "v1", "pods", namespace) + f"/{name}"
+        # The UID precondition: never delete a re-created pod of the same name.
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        await self._call(path, "DELETE", body, "application/json")
+
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        path = kube.collection_path("", "v1", "pods", namespace) + f"/{name}"
+        await self._call(path, "PATCH", dict(patch), PATCH_CONTENT_TYPE)
+
+
+class KubePodSetClient:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    def _path(self, namespace: str, name: str) -> str:
+        return kube.collection_path(GROUP, VERSION, PLURAL, namespace) + f"/{name}"
+
+    async def get_podset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return await kube.get_json(self._api, self._path(namespace, name))
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def update_status(self, podset: Mapping[str, Any], new_status: Mapping[str, Any]) -> None:
+        metadata = podset["metadata"]
+        path = self._path(metadata["namespace"], metadata["name"]) + "/status"
+        # The object as read, resourceVersion included: a 409 means it changed meanwhile and
+        # the sync is retried from a fresher cache.
+        await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
+
+
+class KubeEventRecorder:
+    """Posts core/v1 Events about PodSets, like upstream's event recorder (without its
+    aggregation and spam filtering)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._core = client.CoreV1Api(api)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        task = asyncio.create_task(self._post(obj, type_, reason, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        metadata = obj.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event: dict[str, Any] = {
+            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": PODSET_API_VERSION,
+                "kind": PODSET_KIND,
+                "name": metadata.get("name"),
+                "namespace": metadata.get("namespace"),
+                "uid": metadata.get("uid"),
+                "resourceVersion": metadata.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": COMPONENT},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": COMPONENT,
+        }
+        try:
+            await self._core.create_namespaced_event(
+                namespace, cast(Any, event), _request_timeout=kube.REQUEST_TIMEOUT_S
+            )
+        except Exception as error:  # an Event is best effort, never a reason to fail
+            logger.warning("could not post event %s on %s: %s", reason, metadata.get("name"), error)
+
+    async def flush(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
