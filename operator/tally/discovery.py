@@ -1,0 +1,679 @@
+"""Dynamic kinds: watch every resource that quotas count by ``count/<resource>.<group>``.
+
+Upstream's quota controller re-runs API discovery every 30 s (``--resource-quota-sync-period``'s
+sibling, the discovery period in ``resource_quota_controller.go`` ``Sync``) and starts a
+monitor for every resource that supports create, list, watch and delete, so that
+``count/<crd plural>.<group>`` starts being counted within about 30 s of the CRD appearing.
+
+:class:`DynamicKinds` does the same for the resources that some quota actually names (upstream
+watches every quotable resource in the cluster; tally watches only what is counted, which is
+most often nothing — a deliberate difference, for memory). Every ``period`` seconds, and soon
+after :meth:`DynamicKinds.poke` (call it when quotas change), it:
+
+1. computes the group/resources named as ``count/<r>[.<g>]`` in any quota's ``spec.hard`` or
+   ``status.hard`` (:func:`named_resources`), minus the kinds already watched elsewhere (a
+   constructor argument: the core kinds Kopf feeds) and upstream's ignored resources;
+2. resolves each new one through discovery (:class:`Discovery`: ``/api/v1``, or
+   ``/apis/<group>`` for the preferred version then ``/apis/<group>/<version>``): it must
+   exist, be namespaced, and support list, watch, create and delete;
+3. starts a :class:`~tally.reflector.Reflector` for it, whose informer replenishes quotas on
+   deletes; once the first LIST reconciled the store, registers an
+   :class:`~tally.evaluators.generic.ObjectCountEvaluator` in the :class:`Registry`, adds the
+   store to the controller's ``stores`` and calls ``on_kind_synced(gr)`` (the caller enqueues
+   the quotas naming it, as upstream's resync does). Registering only after the first LIST
+   keeps the controller from writing a usage of 0 computed from an empty store;
+4. stops, unregisters and forgets kinds no quota names any more, and — on the periodic pass,
+   or at once when a reflector gets 403/404 — kinds that disappeared (CRD deleted) or became
+   forbidden.
+
+A named resource that is missing, forbidden or not quotable is *reported*, never fatal: a
+WARNING log line once per resource and problem, and a Warning Event (reason
+:data:`REASON_UNKNOWN_RESOURCE`, :data:`REASON_FORBIDDEN` or :data:`REASON_UNSUPPORTED`) on
+each quota naming it, once per quota and problem. Problems are retried every period, so a CRD
+created after its quota is picked up within one period.
+
+A poke recomputes only the set of names (cheap; quota status writes poke too) and talks to
+discovery only when that set gained a resource. Transient discovery failures (5xx, connection)
+change nothing and are retried at the next period.
+
+Pure parts (document parsing, the set computation, resolution over a fetch function) are
+plain functions over plain data, tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import socket
+import time
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    MutableMapping,
+)
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from kubernetes_asyncio import client
+
+from tally import kube
+from tally.cache import Change, Store
+from tally.evaluators.base import Evaluator, GroupResource
+from tally.evaluators.generic import ObjectCountEvaluator
+from tally.evaluators.registry import Registry, group_resource_for_count_name
+from tally.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
+
+logger = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+DISCOVERY_PERIOD_S: Final = 30.0
+"""Upstream's quota controller re-discovers resources every 30 s: the longest a CRD created
+after its quota waits to be counted, and a deleted one to be reported."""
+POKE_DEBOUNCE_S: Final = 0.1
+"""Quota events come in bursts (the controller writes many statuses at once); one pass each."""
+
+REQUIRED_VERBS: Final = frozenset({"create", "list", "watch", "delete"})
+"""Upstream ``GetQuotableResources``: a resource quota can count must support these."""
+
+REASON_UNKNOWN_RESOURCE: Final = "UnknownResource"
+"""A quota counts a resource the API server does not serve (no such group, version or
+resource; a deleted CRD)."""
+REASON_FORBIDDEN: Final = "Forbidden"
+"""tally may not discover, list or watch the resource (RBAC)."""
+REASON_UNSUPPORTED: Final = "UnsupportedResource"
+"""The resource exists but cannot be counted: cluster-scoped, or lacking a required verb."""
+EVENT_COMPONENT: Final = "tally"
+
+
+# -- pure: discovery documents
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredResource:
+    """One resource as an ``APIResourceList`` describes it."""
+
+    group: str
+    version: str
+    resource: str
+    verbs: frozenset[str]
+    namespaced: bool
+
+    @property
+    def group_resource(self) -> GroupResource:
+        return GroupResource(self.group, self.resource)
+
+    @property
+    def ref(self) -> ResourceRef:
+        return ResourceRef(self.group, self.version, self.resource)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a named resource is not counted."""
+
+    reason: str
+    """One of the ``REASON_*`` constants (the Event reason)."""
+    message: str
+
+
+def split_group_version(group_version: str) -> tuple[str, str]:
+    """``"apps/v1"`` -> ``("apps", "v1")``; ``"v1"`` -> ``("", "v1")``."""
+    group, _, version = group_version.rpartition("/")
+    return group, version
+
+
+def parse_resource_list(doc: Obj) -> dict[GroupResource, DiscoveredResource]:
+    """The resources of an ``APIResourceList`` (``/api/v1``, ``/apis/<g>/<v>``), subresources
+    (``pods/status``) left out."""
+    group, version = split_group_version(str(doc.get("groupVersion") or ""))
+    found: dict[GroupResource, DiscoveredResource] = {}
+    for entry in doc.get("resources") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or "/" in name:
+            continue
+        verbs = entry.get("verbs") or ()
+        resource = DiscoveredResource(
+            group=group,
+            version=version,
+            resource=name,
+            verbs=frozenset(str(verb) for verb in verbs if isinstance(verb, str)),
+            namespaced=bool(entry.get("namespaced")),
+        )
+        found[resource.group_resource] = resource
+    return found
+
+
+def group_versions(doc: Obj) -> list[str]:
+    """The versions of an ``APIGroup`` document (``/apis/<group>``), preferred first."""
+    versions = [
+        str(entry.get("version"))
+        for entry in doc.get("versions") or ()
+        if isinstance(entry, Mapping) and entry.get("version")
+    ]
+    preferred = (doc.get("preferredVersion") or {}).get("version")
+    if isinstance(preferred, str) and preferred:
+        versions = [preferred, *(version for version in versions if version != preferred)]
+    return versions
+
+
+def quotable_problem(resource: DiscoveredResource) -> Problem | None:
+    """Why quota cannot count ``resource``, or None if it can."""
+    missing = sorted(REQUIRED_VERBS - resource.verbs)
+    if missing:
+        return Problem(
+            REASON_UNSUPPORTED,
+            f"{resource.group_resource} does not support {', '.join(missing)}; "
+            "object count quota needs create, list, watch and delete",
+        )
+    if not resource.namespaced:
+        return Problem(
+            REASON_UNSUPPORTED,
+            f"{resource.group_resource} is cluster-scoped; quota counts namespaced objects only",
+        )
+    return None
+
+
+# -- pure: which resources quotas name
+
+
+def named_resources(
+    quotas: Iterable[Obj],
+    *,
+    exclude: Collection[GroupResource] = (),
+    is_ignored: Callable[[GroupResource], bool] = lambda gr: False,
+) -> dict[GroupResource, list[Obj]]:
+    """Group/resources named as ``count/…`` in any quota's ``spec.hard`` or ``status.hard``,
+    each with the quotas naming it (in the order given), minus ``exclude`` and ignored ones.
+
+    ``status.hard`` counts too: a quota whose spec dropped a name still shows it in status until
+    the controller's next write, and upstream keeps monitoring what status names.
+    """
+    found: dict[GroupResource, list[Obj]] = {}
+    for quota_obj in quotas:
+        named: set[GroupResource] = set()
+        for section in ("spec", "status"):
+            part = quota_obj.get(section)
+            hard = part.get("hard") if isinstance(part, Mapping) else None
+            if not isinstance(hard, Mapping):
+                continue
+            for name in hard:
+                gr = group_resource_for_count_name(str(name))
+                if gr is not None and gr not in exclude and not is_ignored(gr):
+                    named.add(gr)
+        for gr in sorted(named):
+            found.setdefault(gr, []).append(quota_obj)
+    return found
+
+
+# -- discovery over a fetch function
+
+
+class DiscoveryError(Exception):
+    """A discovery GET failed without telling anything about the resource (5xx, network)."""
+
+
+Fetch = Callable[[str], Awaitable[Obj]]
+"""GET an API path as JSON; raises :class:`StatusError` for HTTP errors."""
+
+
+class Discovery:
+    """Resolves group/resources through discovery, caching each document for one pass.
+
+    Make a new one per pass: documents go stale (a CRD deleted, a version added).
+    """
+
+    def __init__(self, fetch: Fetch) -> None:
+        self._fetch = fetch
+        self._documents: dict[str, Obj | StatusError] = {}
+
+    async def _get(self, path: str) -> Obj:
+        cached = self._documents.get(path)
+        if cached is None:
+            try:
+                cached = await self._fetch(path)
+            except StatusError as error:
+                if error.code not in (403, 404):
+                    raise DiscoveryError(f"GET {path}: {error}") from error
+                cached = error
+            self._documents[path] = cached
+        if isinstance(cached, StatusError):
+            raise cached
+        return cached
+
+    async def resolve(self, gr: GroupResource) -> DiscoveredResource | Problem:
+        """The resource as served (preferred version first), or why it is not countable.
+
+        Raises :class:`DiscoveryError` when the answer is unknown (a transient failure).
+        """
+        try:
+            if not gr.group:
+                versions = ["v1"]
+            else:
+                versions = group_versions(await self._get(f"/apis/{gr.group}"))
+            for version in versions:
+                path = f"/api/{version}" if not gr.group else f"/apis/{gr.group}/{version}"
+                resource = parse_resource_list(await self._get(path)).get(gr)
+                if resource is not None:
+                    return quotable_problem(resource) or resource
+        except StatusError as error:
+            if error.code == 403:
+                return Problem(REASON_FORBIDDEN, f"discovery of {gr} is forbidden: {error}")
+            return Problem(REASON_UNKNOWN_RESOURCE, f"the API server does not serve {gr}")
+        return Problem(REASON_UNKNOWN_RESOURCE, f"the API server does not serve {gr}")
+
+
+def problem_for_failure(gr: GroupResource, error: StatusError) -> Problem:
+    """What a reflector's fatal LIST/WATCH status means for the quotas naming ``gr``."""
+    if error.code == 403:
+        return Problem(REASON_FORBIDDEN, f"listing or watching {gr} is forbidden: {error}")
+    if error.code == 404:
+        return Problem(REASON_UNKNOWN_RESOURCE, f"{gr} is no longer served: {error}")
+    return Problem(REASON_UNSUPPORTED, f"{gr} cannot be listed and watched: {error}")
+
+
+# -- reporting
+
+
+class EventRecorder(Protocol):
+    """Tells a quota's readers why something it names is not counted."""
+
+    async def warn(self, quota_obj: Obj, reason: str, message: str) -> None: ...
+
+
+class KubeEventRecorder:
+    """Warning Events through the core v1 events API, ``involvedObject`` the quota."""
+
+    def __init__(self, api: client.ApiClient, component: str = EVENT_COMPONENT) -> None:
+        self._api = api
+        self._component = component
+        self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+
+    async def warn(self, quota_obj: Obj, reason: str, message: str) -> None:
+        metadata = quota_obj.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        name = str(metadata.get("name") or "")
+        now = datetime.datetime.now(datetime.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "namespace": namespace,
+                "name": name,
+                "uid": metadata.get("uid"),
+                "resourceVersion": metadata.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": self._component},
+            "reportingComponent": self._component,
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._api.call_api(
+            kube.collection_path("", "v1", "events", namespace),
+            "POST",
+            body=body,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            auth_settings=["BearerToken"],
+            _request_timeout=kube.REQUEST_TIMEOUT_S,
+        )
+
+
+# -- the manager
+
+
+@dataclass
+class _Kind:
+    """One dynamically watched resource."""
+
+    resource: DiscoveredResource
+    reflector: Reflector
+    evaluator: Evaluator
+    owns_evaluator: bool
+    """False when the registry already had an evaluator for the resource (PodSet's, …): it is
+    used, never removed."""
+    registered: bool = False
+    """The first LIST is done; evaluator and store are visible to the controller."""
+    failure: Problem | None = None
+    """Set by the reflector's fatal callback; the next pass drops the kind."""
+
+
+@dataclass
+class _Reports:
+    """What has been reported, so each problem is told once per resource and per quota."""
+
+    logged: dict[GroupResource, Problem] = field(default_factory=dict)
+    told: set[tuple[str, GroupResource, str]] = field(default_factory=set)
+    """(quota uid or namespace/name, resource, reason)."""
+
+
+class DynamicKinds:
+    """Discovers, watches and counts the ``count/`` resources quotas name (see module doc).
+
+    The lead wiring builds it with the registry, a quota source, the controller's ``stores``
+    dict (mutated in place: kinds are added after their first LIST and removed when dropped),
+    the group/resources already watched elsewhere, and the controller's ``replenish``.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        registry: Registry,
+        quotas: Callable[[], Iterable[Obj]],
+        stores: MutableMapping[GroupResource, Store[Any]],
+        *,
+        watched: Collection[GroupResource],
+        replenish: Callable[[GroupResource, str], None],
+        on_kind_synced: Callable[[GroupResource], None] | None = None,
+        period: float = DISCOVERY_PERIOD_S,
+        recorder: EventRecorder | None = None,
+        fetch: Fetch | None = None,
+        reflector_factory: Callable[..., Reflector] | None = None,
+    ) -> None:
+        self._api = api
+        self.registry = registry
+        self._quotas = quotas
+        self.stores = stores
+        self.watched = frozenset(watched)
+        """Kinds fed elsewhere (Kopf): never started here even when a quota counts them."""
+        self._replenish = replenish
+        self._on_kind_synced = on_kind_synced
+        self.period = period
+        self._recorder: EventRecorder = recorder or KubeEventRecorder(api)
+        self._fetch: Fetch = fetch or self._get_json
+        self._reflector_factory = reflector_factory or Reflector
+        self._kinds: dict[GroupResource, _Kind] = {}
+        """Invariant: a kind is in ``stores`` and (if owned) in the registry only while it is
+        here with ``registered`` set."""
+        self.problems: dict[GroupResource, Problem] = {}
+        """Named resources that are not counted, and why (as of the last pass)."""
+        self._failures: dict[GroupResource, Problem] = {}
+        """Kinds whose reflector gave up (403/404) and has not synced since. Discovery may
+        still list them (RBAC forbids the watch, not discovery): they are retried every period
+        but stay reported until a LIST succeeds."""
+        self._reports = _Reports()
+        self._named: frozenset[GroupResource] = frozenset()
+        """The set of named resources at the last pass (a poke that leaves it alone is cheap)."""
+        self._poked = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what callers read
+
+    @property
+    def active(self) -> frozenset[GroupResource]:
+        """Kinds with a running reflector (registered or still listing)."""
+        return frozenset(self._kinds)
+
+    @property
+    def running(self) -> bool:
+        """The manager task is alive (it only ends on :meth:`stop`)."""
+        return self._task is not None and not self._task.done()
+
+    def reflector(self, gr: GroupResource) -> Reflector | None:
+        kind = self._kinds.get(gr)
+        return kind.reflector if kind is not None else None
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Run passes: one now, then every ``period`` seconds and after each :meth:`poke`."""
+        if self._task is not None and not self._task.done():
+            return
+        self._task = asyncio.create_task(self._run(), name="dynamic-kinds")
+        self._task.add_done_callback(_log_exit)
+
+    def poke(self) -> None:
+        """Quotas changed: re-check which resources they name (debounced, non-blocking)."""
+        self._poked.set()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for gr in list(self._kinds):
+            await self._drop(gr)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_full = loop.time()
+        while True:
+            full = loop.time() >= next_full
+            if full:
+                next_full = loop.time() + self.period
+            try:
+                await self.refresh(full=full)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("dynamic kinds: pass failed; retrying at the next one")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), max(0.0, next_full - loop.time()))
+                await asyncio.sleep(POKE_DEBOUNCE_S)
+            self._poked.clear()
+
+    # -- one pass
+
+    async def refresh(self, *, full: bool = True) -> None:
+        """One pass (module docstring, steps 1-4). ``full`` re-checks every named resource
+        through discovery; otherwise only new names are resolved."""
+        wanted = named_resources(
+            self._quotas(), exclude=self.watched, is_ignored=self.registry.is_ignored
+        )
+        named = frozenset(wanted)
+        changed = named != self._named
+        self._named = named
+
+        # Kinds whose reflector gave up (403/404): drop now, report below.
+        for gr, kind in list(self._kinds.items()):
+            if kind.failure is not None:
+                self.problems[gr] = self._failures[gr] = kind.failure
+                await self._drop(gr)
+        # Kinds nobody counts any more.
+        for gr in list(self._kinds):
+            if gr not in wanted:
+                logger.info("dynamic kinds: %s is no longer counted by any quota; unwatched", gr)
+                await self._drop(gr)
+        for problems in (self.problems, self._failures):
+            for gr in list(problems):
+                if gr not in wanted:
+                    del problems[gr]
+
+        if full:
+            to_resolve = set(wanted)
+        elif changed:
+            to_resolve = set(wanted) - set(self._kinds) - set(self.problems)
+        else:
+            to_resolve = set()
+        if to_resolve:
+            discovery = Discovery(self._fetch)
+            for gr in sorted(to_resolve):
+                try:
+                    result = await discovery.resolve(gr)
+                except DiscoveryError as error:
+                    logger.warning("dynamic kinds: discovery of %s failed (%s); later", gr, error)
+                    continue
+                await self._apply(gr, result)
+
+        self._forget_reports(wanted)
+        await self._report(wanted)
+
+    async def _apply(self, gr: GroupResource, result: DiscoveredResource | Problem) -> None:
+        kind = self._kinds.get(gr)
+        if isinstance(result, Problem):
+            self.problems[gr] = result
+            if kind is not None:
+                await self._drop(gr)
+            return
+        if gr not in self._failures:
+            self.problems.pop(gr, None)
+        if kind is not None and kind.resource.version == result.version:
+            return
+        if kind is not None:
+            logger.info("dynamic kinds: %s moved to version %s", gr, result.version)
+            await self._drop(gr)
+        self._start_kind(result)
+
+    def _start_kind(self, resource: DiscoveredResource) -> None:
+        gr = resource.group_resource
+        existing = self.registry.get(gr)
+        evaluator: Evaluator = existing or ObjectCountEvaluator(gr)
+        store: Store[Any] = Store(evaluator.project, name=str(gr))
+        kind: _Kind | None = None
+
+        def on_synced() -> None:
+            assert kind is not None
+            self._register(kind)
+
+        def on_failure(error: StatusError) -> None:
+            assert kind is not None
+            kind.failure = problem_for_failure(gr, error)
+            self.poke()
+
+        reflector = self._reflector_factory(
+            KubeListWatch(self._api, resource.ref),
+            store,
+            name=str(gr),
+            on_synced=on_synced,
+            on_failure=on_failure,
+        )
+        reflector.informer.add_handler(self._replenisher(gr, evaluator, store))
+        kind = _Kind(resource, reflector, evaluator, owns_evaluator=existing is None)
+        self._kinds[gr] = kind
+        logger.info("dynamic kinds: watching %s (version %s)", gr, resource.version)
+        reflector.start()
+
+    def _register(self, kind: _Kind) -> None:
+        gr = kind.resource.group_resource
+        if self._kinds.get(gr) is not kind:
+            return  # dropped while listing
+        if kind.owns_evaluator:
+            self.registry.register(kind.evaluator)
+        self.stores[gr] = kind.reflector.informer.store
+        kind.registered = True
+        self._failures.pop(gr, None)
+        self.problems.pop(gr, None)
+        logger.info("dynamic kinds: %s synced (%d objects)", gr, len(kind.reflector.informer.store))
+        if self._on_kind_synced is not None:
+            self._on_kind_synced(gr)
+
+    def _replenisher(
+        self, gr: GroupResource, evaluator: Evaluator, store: Store[Any]
+    ) -> Callable[[Change[Any]], None]:
+        replenish = self._replenish
+
+        def on_change(change: Change[Any]) -> None:
+            # Creations were charged by admission; deletions lower usage (upstream
+            # replenishment). A deletion is told by the entry being gone, not by
+            # ``change.new is None``: object-count projections *are* None, so every add and
+            # update would look like a delete. Handlers run after the store changed (after the
+            # whole LIST, for a re-list), so the entry is the object's current state.
+            if store.entry(change.namespace, change.name) is None or (
+                change.old is not None
+                and change.new is not None
+                and evaluator.requires_replenishment(change.old, change.new)
+            ):
+                replenish(gr, change.namespace)
+
+        return on_change
+
+    async def _drop(self, gr: GroupResource) -> None:
+        kind = self._kinds.pop(gr, None)
+        if kind is None:
+            return
+        store = kind.reflector.informer.store
+        if self.stores.get(gr) is store:
+            del self.stores[gr]
+        if kind.owns_evaluator and self.registry.get(gr) is kind.evaluator:
+            self.registry.remove(gr)
+        await kind.reflector.stop()
+
+    # -- reporting
+
+    async def _report(self, wanted: Mapping[GroupResource, list[Obj]]) -> None:
+        reports = self._reports
+        for gr, problem in sorted(self.problems.items()):
+            logged = reports.logged.get(gr)
+            if logged is None or logged.reason != problem.reason:
+                reports.logged[gr] = problem
+                logger.warning(
+                    "dynamic kinds: %s is not counted (%s): %s; quotas naming it: %s",
+                    gr, problem.reason, problem.message,
+                    ", ".join(_quota_name(q) for q in wanted.get(gr, ())),
+                )  # fmt: skip
+            for quota_obj in wanted.get(gr, ()):
+                key = (_quota_identity(quota_obj), gr, problem.reason)
+                if key in reports.told:
+                    continue
+                try:
+                    await self._recorder.warn(
+                        quota_obj,
+                        problem.reason,
+                        f"count/ of {gr} is not tracked: {problem.message}",
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    logger.warning(
+                        "dynamic kinds: could not record an event on %s: %s",
+                        _quota_name(quota_obj), error,
+                    )  # fmt: skip
+                    continue
+                reports.told.add(key)
+
+    def _forget_reports(self, wanted: Mapping[GroupResource, list[Obj]]) -> None:
+        """A problem solved, or no longer named, may be reported again if it comes back."""
+        reports = self._reports
+        for gr in list(reports.logged):
+            if gr not in self.problems:
+                del reports.logged[gr]
+        current = {
+            (_quota_identity(q), gr, problem.reason)
+            for gr, problem in self.problems.items()
+            for q in wanted.get(gr, ())
+        }
+        reports.told &= current
+
+    async def _get_json(self, path: str) -> Obj:
+        try:
+            return await kube.get_json(self._api, path)
+        except client.ApiException as error:
+            raise StatusError(int(error.status or 0), str(error.reason or "")) from error
+
+
+def _quota_name(quota_obj: Obj) -> str:
+    metadata = quota_obj.get("metadata") or {}
+    return f"{metadata.get('namespace')}/{metadata.get('name')}"
+
+
+def _quota_identity(quota_obj: Obj) -> str:
+    metadata = quota_obj.get("metadata") or {}
+    return str(metadata.get("uid") or _quota_name(quota_obj))
+
+
+def _log_exit(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        logger.critical("dynamic kinds: manager died; count/ kinds are no longer discovered",
+                        exc_info=error)  # fmt: skip
+    else:
+        logger.critical("dynamic kinds: manager ended unexpectedly")

@@ -1,0 +1,532 @@
+"""tally.discovery: discovery documents, the named set, resolution, and the manager's passes.
+
+Documents are shaped like what kube-apiserver serves at ``/api/v1``, ``/apis/<group>`` and
+``/apis/<group>/<version>``. The manager tests replace the reflector with a stub (no watching
+here; ``tests/e2e/test_count_custom_resources.py`` watches a real API server) and the
+discovery GETs with a dict of documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tally.cache import Store
+from tally.discovery import (
+    REASON_FORBIDDEN,
+    REASON_UNKNOWN_RESOURCE,
+    REASON_UNSUPPORTED,
+    DiscoveredResource,
+    Discovery,
+    DiscoveryError,
+    DynamicKinds,
+    Problem,
+    group_versions,
+    named_resources,
+    parse_resource_list,
+    problem_for_failure,
+    quotable_problem,
+    split_group_version,
+)
+from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import IGNORED_RESOURCES, new_registry
+from tally.informers import Informer
+from tally.reflector import StatusError
+
+pytestmark = pytest.mark.unit
+
+Obj = Mapping[str, Any]
+ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+WIDGETS = GroupResource("example.com", "widgets")
+GADGETS = GroupResource("example.com", "gadgets")
+DEPLOYMENTS = GroupResource("apps", "deployments")
+
+
+def resource_list(group_version: str, *resources: tuple[str, bool, list[str]]) -> dict[str, Any]:
+    return {
+        "kind": "APIResourceList",
+        "groupVersion": group_version,
+        "resources": [
+            {
+                "name": name,
+                "singularName": "",
+                "namespaced": namespaced,
+                "kind": "X",
+                "verbs": verbs,
+            }
+            for name, namespaced, verbs in resources
+        ],
+    }
+
+
+def api_group(name: str, versions: list[str], preferred: str | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "kind": "APIGroup",
+        "name": name,
+        "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
+    }
+    if preferred:
+        doc["preferredVersion"] = {"groupVersion": f"{name}/{preferred}", "version": preferred}
+    return doc
+
+
+DOCUMENTS: dict[str, Any] = {
+    "/api/v1": resource_list(
+        "v1",
+        ("pods", True, ALL_VERBS),
+        ("pods/status", True, ["get", "patch", "update"]),
+        ("namespaces", False, ALL_VERBS),
+        ("bindings", True, ["create"]),
+        ("endpoints", True, ALL_VERBS),
+    ),
+    "/apis/apps": api_group("apps", ["v1"], "v1"),
+    "/apis/apps/v1": resource_list("apps/v1", ("deployments", True, ALL_VERBS)),
+    "/apis/example.com": api_group("example.com", ["v1", "v1beta1"], "v1"),
+    "/apis/example.com/v1": resource_list(
+        "example.com/v1", ("widgets", True, ALL_VERBS), ("clusterwidgets", False, ALL_VERBS)
+    ),
+    "/apis/example.com/v1beta1": resource_list(
+        "example.com/v1beta1",
+        ("widgets", True, ALL_VERBS),
+        ("gadgets", True, ALL_VERBS),
+        ("readonlies", True, ["get", "list", "watch"]),
+    ),
+    "/apis/secret.example.com": StatusError(403, "Forbidden"),
+    "/apis/flaky.example.com": StatusError(503, "ServiceUnavailable"),
+}
+
+
+class FakeFetch:
+    def __init__(self, documents: dict[str, Any]) -> None:
+        self.documents = documents
+        self.paths: list[str] = []
+
+    async def __call__(self, path: str) -> Obj:
+        self.paths.append(path)
+        found = self.documents.get(path, StatusError(404, "NotFound"))
+        if isinstance(found, Exception):
+            raise found
+        return dict(found)
+
+
+# -- documents
+
+
+@pytest.mark.parametrize(
+    ("group_version", "expected"),
+    [
+        pytest.param("v1", ("", "v1"), id="core"),
+        pytest.param("apps/v1", ("apps", "v1"), id="named group"),
+        pytest.param("example.com/v1beta1", ("example.com", "v1beta1"), id="dotted group"),
+    ],
+)
+def test_split_group_version(group_version: str, expected: tuple[str, str]) -> None:
+    assert expected == split_group_version(group_version)
+
+
+def test_parse_resource_list_leaves_out_subresources() -> None:
+    parsed = parse_resource_list(DOCUMENTS["/api/v1"])
+    assert {"pods", "namespaces", "bindings", "endpoints"} == {gr.resource for gr in parsed}
+    assert (
+        DiscoveredResource("", "v1", "pods", frozenset(ALL_VERBS), True)
+        == parsed[GroupResource("", "pods")]
+    )
+    assert not parsed[GroupResource("", "namespaces")].namespaced
+
+
+def test_parse_resource_list_of_a_named_group() -> None:
+    parsed = parse_resource_list(DOCUMENTS["/apis/example.com/v1"])
+    assert (
+        DiscoveredResource("example.com", "v1", "widgets", frozenset(ALL_VERBS), True)
+        == (parsed[WIDGETS])
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        pytest.param(api_group("g", ["v1", "v2"], "v2"), ["v2", "v1"], id="preferred first"),
+        pytest.param(api_group("g", ["v1", "v2"], None), ["v1", "v2"], id="no preferred"),
+        pytest.param({"kind": "APIGroup"}, [], id="no versions"),
+    ],
+)
+def test_group_versions(doc: Obj, expected: list[str]) -> None:
+    assert expected == group_versions(doc)
+
+
+@pytest.mark.parametrize(
+    ("verbs", "namespaced", "reason"),
+    [
+        pytest.param(ALL_VERBS, True, None, id="quotable"),
+        pytest.param(["create", "list", "watch", "delete"], True, None, id="exactly the verbs"),
+        pytest.param(["get", "list", "watch"], True, REASON_UNSUPPORTED, id="read-only"),
+        pytest.param(["create"], True, REASON_UNSUPPORTED, id="virtual (bindings)"),
+        pytest.param(ALL_VERBS, False, REASON_UNSUPPORTED, id="cluster-scoped"),
+    ],
+)
+def test_quotable_problem(verbs: list[str], namespaced: bool, reason: str | None) -> None:
+    problem = quotable_problem(DiscoveredResource("g", "v1", "r", frozenset(verbs), namespaced))
+    assert reason == (problem.reason if problem else None)
+
+
+# -- the named set
+
+
+def quota(name: str, spec: dict[str, str] | None, status: dict[str, str] | None = None) -> Obj:
+    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}}
+    if spec is not None:
+        obj["spec"] = {"hard": spec}
+    if status is not None:
+        obj["status"] = {"hard": status}
+    return obj
+
+
+def test_named_resources_from_spec_and_status() -> None:
+    q1 = quota("q1", {"count/widgets.example.com": "1", "pods": "3", "count/pods": "2"})
+    q2 = quota(
+        "q2", {"cpu": "1"}, {"count/widgets.example.com": "1", "count/deployments.apps": "4"}
+    )
+    q3 = quota("q3", {"count/deployments.apps": "1"}, {"count/deployments.apps": "1"})
+    found = named_resources(
+        [q1, q2, q3],
+        exclude={GroupResource("", "pods")},
+        is_ignored=IGNORED_RESOURCES.__contains__,
+    )
+    assert {WIDGETS: [q1, q2], DEPLOYMENTS: [q2, q3]} == found
+
+
+@pytest.mark.parametrize(
+    ("hard", "expected"),
+    [
+        pytest.param({"count/events": "1"}, set(), id="ignored core events"),
+        pytest.param({"count/events.events.k8s.io": "1"}, set(), id="ignored events.k8s.io"),
+        pytest.param({"count/secrets": "1"}, set(), id="excluded (watched by Kopf)"),
+        pytest.param({"count/": "1", "count": "1"}, set(), id="not count names"),
+        pytest.param({"count/endpoints": "1"}, {GroupResource("", "endpoints")}, id="core group"),
+        pytest.param({"requests.cpu": "1", "services.nodeports": "1"}, set(), id="no count/"),
+    ],
+)
+def test_named_resources_filters(hard: dict[str, str], expected: set[GroupResource]) -> None:
+    found = named_resources(
+        [quota("q", hard)],
+        exclude={GroupResource("", "secrets")},
+        is_ignored=IGNORED_RESOURCES.__contains__,
+    )
+    assert expected == set(found)
+
+
+def test_named_resources_tolerates_malformed_quotas() -> None:
+    malformed = [
+        {"metadata": {"name": "a"}, "spec": None},
+        {"metadata": {"name": "b"}, "spec": {"hard": ["count/widgets.example.com"]}},
+        {"metadata": {"name": "c"}, "spec": "x", "status": {"hard": None}},
+    ]
+    assert {} == named_resources(malformed)
+
+
+# -- resolution
+
+
+@pytest.mark.parametrize(
+    ("gr", "expected"),
+    [
+        pytest.param(
+            WIDGETS,
+            DiscoveredResource("example.com", "v1", "widgets", frozenset(ALL_VERBS), True),
+            id="preferred version",
+        ),
+        pytest.param(
+            GADGETS,
+            DiscoveredResource("example.com", "v1beta1", "gadgets", frozenset(ALL_VERBS), True),
+            id="only in a non-preferred version",
+        ),
+        pytest.param(
+            GroupResource("", "endpoints"),
+            DiscoveredResource("", "v1", "endpoints", frozenset(ALL_VERBS), True),
+            id="core group",
+        ),
+        pytest.param(GroupResource("nope.example.com", "x"), REASON_UNKNOWN_RESOURCE,
+                     id="group not served"),
+        pytest.param(GroupResource("example.com", "things"), REASON_UNKNOWN_RESOURCE,
+                     id="resource not served"),
+        pytest.param(GroupResource("", "things"), REASON_UNKNOWN_RESOURCE, id="core missing"),
+        pytest.param(GroupResource("secret.example.com", "x"), REASON_FORBIDDEN, id="forbidden"),
+        pytest.param(GroupResource("example.com", "readonlies"), REASON_UNSUPPORTED,
+                     id="read-only"),
+        pytest.param(GroupResource("example.com", "clusterwidgets"), REASON_UNSUPPORTED,
+                     id="cluster-scoped"),
+        pytest.param(GroupResource("", "bindings"), REASON_UNSUPPORTED, id="create-only"),
+    ],
+)  # fmt: skip
+async def test_resolve(gr: GroupResource, expected: DiscoveredResource | str) -> None:
+    result = await Discovery(FakeFetch(DOCUMENTS)).resolve(gr)
+    if isinstance(expected, str):
+        assert isinstance(result, Problem)
+        assert expected == result.reason
+    else:
+        assert expected == result
+
+
+async def test_resolve_transient_failure_raises() -> None:
+    with pytest.raises(DiscoveryError, match="503"):
+        await Discovery(FakeFetch(DOCUMENTS)).resolve(GroupResource("flaky.example.com", "x"))
+
+
+async def test_resolve_caches_documents_within_a_pass() -> None:
+    fetch = FakeFetch(DOCUMENTS)
+    discovery = Discovery(fetch)
+    for gr in (WIDGETS, GADGETS, WIDGETS, GroupResource("nope.example.com", "x")) * 2:
+        await discovery.resolve(gr)
+    assert [
+        "/apis/example.com",
+        "/apis/example.com/v1",
+        "/apis/example.com/v1beta1",
+        "/apis/nope.example.com",
+    ] == fetch.paths
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        pytest.param(403, REASON_FORBIDDEN, id="403"),
+        pytest.param(404, REASON_UNKNOWN_RESOURCE, id="404 (CRD deleted)"),
+        pytest.param(405, REASON_UNSUPPORTED, id="405"),
+    ],
+)
+def test_problem_for_failure(code: int, reason: str) -> None:
+    assert reason == problem_for_failure(WIDGETS, StatusError(code)).reason
+
+
+# -- the manager, with stub reflectors
+
+
+class StubReflector:
+    """Stands in for :class:`tally.reflector.Reflector`: lists nothing until told."""
+
+    def __init__(self, source: Any, store: Store[Any], *, name: str, on_synced: Any,
+                 on_failure: Any) -> None:  # fmt: skip
+        self.source = source
+        self.informer: Informer[Any] = Informer(name, store, self._list)
+        self.on_synced = on_synced
+        self.on_failure = on_failure
+        self.running = False
+        self.items: list[Obj] = []
+
+    async def _list(self) -> list[Obj]:
+        return self.items
+
+    def start(self) -> None:
+        self.running = True
+
+    async def stop(self) -> None:
+        self.running = False
+
+    async def sync(self) -> None:
+        await self.informer.sync()
+        self.on_synced()
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    async def warn(self, quota_obj: Obj, reason: str, message: str) -> None:
+        self.events.append((quota_obj["metadata"]["name"], reason))
+
+
+class Harness:
+    def __init__(self, documents: dict[str, Any]) -> None:
+        self.quotas: list[Obj] = []
+        self.stores: dict[GroupResource, Store[Any]] = {}
+        self.registry = new_registry()
+        self.replenished: list[tuple[GroupResource, str]] = []
+        self.synced: list[GroupResource] = []
+        self.recorder = FakeRecorder()
+        self.reflectors: list[StubReflector] = []
+        self.fetch = FakeFetch(documents)
+
+        def factory(*args: Any, **kwargs: Any) -> StubReflector:
+            reflector = StubReflector(*args, **kwargs)
+            self.reflectors.append(reflector)
+            return reflector
+
+        self.kinds = DynamicKinds(
+            None,  # no API client: fetch, recorder and reflectors are stubs
+            self.registry,
+            lambda: self.quotas,
+            self.stores,
+            watched={GroupResource("", "pods")},
+            replenish=lambda gr, ns: self.replenished.append((gr, ns)),
+            on_kind_synced=self.synced.append,
+            recorder=self.recorder,
+            fetch=self.fetch,
+            reflector_factory=factory,  # type: ignore[arg-type]
+        )
+
+    def reflector(self, gr: GroupResource) -> StubReflector:
+        found = self.kinds.reflector(gr)
+        assert isinstance(found, StubReflector)
+        return found
+
+
+def widget(name: str, rv: str = "1") -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": rv}
+    }
+
+
+async def test_manager_registers_a_kind_only_after_its_first_list() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5", "count/pods": "1"})]
+    await h.kinds.refresh()
+
+    assert {WIDGETS} == h.kinds.active
+    assert h.reflector(WIDGETS).running
+    assert "example.com/v1/widgets" == str(h.reflector(WIDGETS).source.resource)
+    # Not listed yet: the controller must not count from an empty store.
+    assert {} == h.stores
+    assert h.registry.get(WIDGETS) is None
+
+    h.reflector(WIDGETS).items = [widget("w1"), widget("w2")]
+    await h.reflector(WIDGETS).sync()
+    assert [WIDGETS] == h.synced
+    assert 2 == len(h.stores[WIDGETS])
+    evaluator = h.registry.get(WIDGETS)
+    assert evaluator is not None
+    assert ["count/widgets.example.com"] == evaluator.matching_resources(
+        ["count/widgets.example.com"]
+    )
+
+    # Deletes replenish; adds and updates do not.
+    h.reflector(WIDGETS).informer.on_event("ADDED", widget("w3"))
+    h.reflector(WIDGETS).informer.on_event("MODIFIED", widget("w3", "2"))
+    h.reflector(WIDGETS).informer.on_event("DELETED", widget("w1"))
+    assert [(WIDGETS, "ns")] == h.replenished
+    assert [] == h.recorder.events
+
+
+async def test_manager_drops_kinds_no_quota_names() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5"})]
+    await h.kinds.refresh()
+    await h.reflector(WIDGETS).sync()
+    stub = h.reflector(WIDGETS)
+
+    h.quotas = [quota("q", {"count/gadgets.example.com": "5"})]
+    await h.kinds.refresh(full=False)
+    assert {GADGETS} == h.kinds.active
+    assert not stub.running
+    assert WIDGETS not in h.stores
+    assert h.registry.get(WIDGETS) is None
+
+
+async def test_poke_pass_resolves_only_new_names() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5"})]
+    await h.kinds.refresh()
+    fetched = len(h.fetch.paths)
+    await h.kinds.refresh(full=False)
+    assert fetched == len(h.fetch.paths), "same names: no discovery"
+    await h.kinds.refresh(full=True)
+    assert fetched < len(h.fetch.paths), "the periodic pass re-checks"
+
+
+async def test_unknown_resources_are_reported_once_per_quota() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [
+        quota("q1", {"count/things.nope.example.com": "1"}),
+        quota("q2", {"count/things.nope.example.com": "1", "count/readonlies.example.com": "1"}),
+    ]
+    await h.kinds.refresh()
+    await h.kinds.refresh()
+    assert frozenset() == h.kinds.active
+    assert [
+        ("q2", REASON_UNSUPPORTED),
+        ("q1", REASON_UNKNOWN_RESOURCE),
+        ("q2", REASON_UNKNOWN_RESOURCE),
+    ] == h.recorder.events
+    assert {
+        GroupResource("nope.example.com", "things"): REASON_UNKNOWN_RESOURCE,
+        GroupResource("example.com", "readonlies"): REASON_UNSUPPORTED,
+    } == {gr: problem.reason for gr, problem in h.kinds.problems.items()}
+
+    # A new quota naming it is told too; the old ones are not told again.
+    h.quotas.append(quota("q3", {"count/things.nope.example.com": "1"}))
+    await h.kinds.refresh(full=False)
+    assert ("q3", REASON_UNKNOWN_RESOURCE) == h.recorder.events[-1]
+    assert 4 == len(h.recorder.events)
+
+
+async def test_a_crd_created_later_is_picked_up_by_the_periodic_pass() -> None:
+    documents = {k: v for k, v in DOCUMENTS.items() if not k.startswith("/apis/example.com")}
+    h = Harness(documents)
+    h.quotas = [quota("q", {"count/widgets.example.com": "1"})]
+    await h.kinds.refresh()
+    assert WIDGETS in h.kinds.problems
+
+    h.fetch.documents = DOCUMENTS
+    await h.kinds.refresh(full=False)
+    assert frozenset() == h.kinds.active, "a poke does not retry problems"
+    await h.kinds.refresh(full=True)
+    assert {WIDGETS} == h.kinds.active
+    assert WIDGETS not in h.kinds.problems
+
+
+async def test_a_reflector_that_gives_up_is_dropped_and_reported() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "1"})]
+    await h.kinds.refresh()
+    await h.reflector(WIDGETS).sync()
+    first = h.reflector(WIDGETS)
+
+    # The CRD was deleted: the watch gets 404.
+    first.on_failure(StatusError(404, "NotFound"))
+    h.fetch.documents = {k: v for k, v in DOCUMENTS.items() if k != "/apis/example.com/v1"}
+    h.fetch.documents["/apis/example.com"] = api_group("example.com", ["v1"], "v1")
+    await h.kinds.refresh(full=False)
+    assert frozenset() == h.kinds.active
+    assert not first.running
+    assert WIDGETS not in h.stores
+    assert h.registry.get(WIDGETS) is None
+    assert [("q", REASON_UNKNOWN_RESOURCE)] == h.recorder.events
+
+    await h.kinds.refresh(full=True)
+    assert [("q", REASON_UNKNOWN_RESOURCE)] == h.recorder.events, "told once"
+
+
+async def test_forbidden_watch_stays_reported_while_retried() -> None:
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "1"})]
+    await h.kinds.refresh()
+    h.reflector(WIDGETS).on_failure(StatusError(403, "Forbidden"))
+    await h.kinds.refresh(full=False)
+    assert [("q", REASON_FORBIDDEN)] == h.recorder.events
+
+    # Discovery still lists it, so the periodic pass tries again; no new event until it works.
+    await h.kinds.refresh(full=True)
+    assert {WIDGETS} == h.kinds.active
+    assert WIDGETS in h.kinds.problems
+    h.reflector(WIDGETS).on_failure(StatusError(403, "Forbidden"))
+    await h.kinds.refresh(full=True)
+    assert [("q", REASON_FORBIDDEN)] == h.recorder.events
+
+    await h.reflector(WIDGETS).sync()
+    assert WIDGETS not in h.kinds.problems
+    assert WIDGETS in h.stores
+
+
+async def test_an_evaluator_registered_by_someone_else_is_used_and_kept() -> None:
+    h = Harness(DOCUMENTS)
+    from tally.evaluators.generic import ObjectCountEvaluator
+
+    theirs = ObjectCountEvaluator(WIDGETS)
+    h.registry.register(theirs)
+    h.quotas = [quota("q", {"count/widgets.example.com": "1"})]
+    await h.kinds.refresh()
+    await h.reflector(WIDGETS).sync()
+    assert h.registry.get(WIDGETS) is theirs
+    await h.kinds.stop()
+    assert h.registry.get(WIDGETS) is theirs
+    assert {} == h.stores
