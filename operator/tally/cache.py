@@ -28,6 +28,7 @@ on one event loop, so no method awaits and none needs a lock.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -51,16 +52,27 @@ class Entry(Generic[P]):
     """Monotonic time of the event or list that wrote this entry."""
 
 
+class ChangeKind(enum.Enum):
+    ADDED = "added"
+    UPDATED = "updated"
+    DELETED = "deleted"
+
+
 @dataclass(frozen=True, slots=True)
 class Change(Generic[P]):
-    """One effective change to a store, for the caller's event handlers (replenishment)."""
+    """One effective change to a store, for the caller's event handlers (replenishment).
+
+    ``kind`` says what happened; ``old``/``new`` cannot, because a projection may itself be
+    ``None`` (an object count keeps nothing of its objects).
+    """
 
     namespace: str
     name: str
     old: P | None
-    """None when the object is new to the store."""
+    """The projection before the change; None when ``kind`` is ADDED."""
     new: P | None
-    """None when the object left the store."""
+    """The projection after the change; None when ``kind`` is DELETED."""
+    kind: ChangeKind
 
 
 class StoreError(ValueError):
@@ -147,7 +159,9 @@ class Store(Generic[P]):
         projection = self._project(obj)
         self._deleted.pop((namespace, name), None)
         self._entries.setdefault(namespace, {})[name] = Entry(uid, version, projection, now)
-        return Change(namespace, name, old.projection if old is not None else None, projection)
+        if old is None:
+            return Change(namespace, name, None, projection, ChangeKind.ADDED)
+        return Change(namespace, name, old.projection, projection, ChangeKind.UPDATED)
 
     def delete(self, obj: Obj) -> Change[P] | None:
         """Forget ``obj`` (DELETED); None if it was not stored."""
@@ -164,7 +178,7 @@ class Store(Generic[P]):
         del names[name]
         if not names:
             del self._entries[namespace]
-        return Change(namespace, name, old.projection, None)
+        return Change(namespace, name, old.projection, None, ChangeKind.DELETED)
 
     # -- writing from lists
 
@@ -194,7 +208,9 @@ class Store(Generic[P]):
                 uid, version, projection, self._clock()
             )
             changes.append(
-                Change(key[0], key[1], current.projection if current else None, projection)
+                Change(key[0], key[1], None, projection, ChangeKind.ADDED)
+                if current is None
+                else Change(key[0], key[1], current.projection, projection, ChangeKind.UPDATED)
             )
         for namespace in list(self._entries):
             names = self._entries[namespace]
@@ -203,7 +219,7 @@ class Store(Generic[P]):
                 if (namespace, name) in listed or entry.written_at >= started_at:
                     continue
                 del names[name]  # a ghost: deleted while nobody was watching
-                changes.append(Change(namespace, name, entry.projection, None))
+                changes.append(Change(namespace, name, entry.projection, None, ChangeKind.DELETED))
             if not names:
                 del self._entries[namespace]
         self._deleted = {

@@ -24,9 +24,10 @@ from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
-from tally.cache import Change, Store
+from tally.cache import Change, ChangeKind, Store
 from tally.certs import ServingCertificate, generate_serving_certificate
-from tally.evaluators.base import Evaluator, GroupResource
+from tally.discovery import DynamicKinds
+from tally.evaluators.base import Evaluator, GroupResource, object_count_resource_name
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.informers import Informer
@@ -34,7 +35,7 @@ from tally.metrics import Metrics
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota_accessor import KubeQuotaAccessor
 from tally.registrar import WebhookRegistrar
-from tally.resourcequota.controller import ResourceQuotaController
+from tally.resourcequota.controller import ResourceQuotaController, quota_key
 from tally.settings import Settings
 from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
 
@@ -85,10 +86,15 @@ class Runtime:
         )
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         self.accessor = KubeQuotaAccessor(self.quotas, api)
+        # One mapping shared by the controller (read at every sync) and the dynamic kinds
+        # (which add and remove the stores of count/ resources at run time).
+        self.stores: dict[GroupResource, Store[Any]] = {
+            gr: self.informers[gr].store for gr in (*TRACKED_CORE_KINDS, PODSETS)
+        }
         self.controller = ResourceQuotaController(
             self.registry,
             self.quotas,
-            {gr: self.informers[gr].store for gr in (*TRACKED_CORE_KINDS, PODSETS)},
+            self.stores,
             self.accessor,
             workers=settings.workers,
             resync_period=settings.resync_period,
@@ -104,6 +110,15 @@ class Runtime:
             # (upstream's words, 500) rather than giving up and applying the failure policy.
             timeout=ADMISSION_TIMEOUT_S,
             metrics=self.metrics,
+        )
+        self.dynamic = DynamicKinds(
+            api,
+            self.registry,
+            self._all_quotas,
+            self.stores,
+            watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
+            replenish=self.controller.replenish,
+            on_kind_synced=self._count_kind_synced,
         )
         self.recorder = podset_client.KubeEventRecorder(api)
         self.podset_controller = PodSetController(
@@ -139,13 +154,14 @@ class Runtime:
         controller = self.controller
 
         def on_quota(change: Change[Any]) -> None:
-            if change.new is None:
-                if change.old is not None:
-                    controller.delete_quota(change.old)
-            elif change.old is None:
-                controller.add_quota(change.new)
+            # Quota projections are the whole objects: never None for the side that exists.
+            if change.kind is ChangeKind.DELETED:
+                controller.delete_quota(change.old or {})
+            elif change.kind is ChangeKind.ADDED:
+                controller.add_quota(change.new or {})
             else:
-                controller.update_quota(change.old, change.new)
+                controller.update_quota(change.old or {}, change.new or {})
+            self.dynamic.poke()
             if self.registrar is not None:
                 self.registrar.quotas_changed()
 
@@ -168,6 +184,7 @@ class Runtime:
             *(informer.sync() for informer in (*self.informers.values(), self.pod_views))
         )
         self.controller.start()
+        self.dynamic.start()
         self.podset_controller.start()
         self.admission.start()
         logger.info(
@@ -195,6 +212,15 @@ class Runtime:
             # answers.
             self.registrar.start()
 
+    def _count_kind_synced(self, gr: GroupResource) -> None:
+        """A ``count/`` kind's cache is ready: recalculate the quotas that name it."""
+        name = object_count_resource_name(gr)
+        for quota in self._all_quotas():
+            for section in ("spec", "status"):
+                if name in ((quota.get(section) or {}).get("hard") or {}):
+                    self.controller.queue.add(quota_key(quota))
+                    break
+
     def _all_quotas(self) -> list[Any]:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
 
@@ -203,6 +229,7 @@ class Runtime:
             await self.registrar.stop(remove=self.settings.webhook_remove_on_exit)
         await self.admission.stop()
         await self.podset_controller.stop()
+        await self.dynamic.stop()
         await self.controller.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
@@ -230,8 +257,8 @@ def _replenisher(
     def on_tracked(change: Change[Any]) -> None:
         # Creations are charged by admission; deletions and the updates the evaluator names as
         # usage-lowering trigger a recalculation (upstream's replenishment).
-        if change.new is None or (
-            change.old is not None
+        if change.kind is ChangeKind.DELETED or (
+            change.kind is ChangeKind.UPDATED
             and evaluator is not None
             and evaluator.requires_replenishment(change.old, change.new)
         ):

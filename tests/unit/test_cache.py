@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Change, Store, StoreError
+from tally.cache import Change, ChangeKind, Store, StoreError
 
 pytestmark = pytest.mark.unit
 
@@ -51,10 +51,10 @@ def store(clock: FakeClock) -> Store[str]:
 
 
 def test_upsert_reports_changes_and_drops_replays(store: Store[str]) -> None:
-    assert store.upsert(obj("p", "1")) == Change("a", "p", None, "p@1")
+    assert store.upsert(obj("p", "1")) == Change("a", "p", None, "p@1", ChangeKind.ADDED)
     # Same uid and resourceVersion: a resync replay, not an update (sample-controller).
     assert store.upsert(obj("p", "1")) is None
-    assert store.upsert(obj("p", "2")) == Change("a", "p", "p@1", "p@2")
+    assert store.upsert(obj("p", "2")) == Change("a", "p", "p@1", "p@2", ChangeKind.UPDATED)
     assert list(store.in_namespace("a")) == ["p@2"]
     assert len(store) == 1
 
@@ -63,7 +63,7 @@ def test_delete_and_namespaces(store: Store[str]) -> None:
     store.upsert(obj("p", "1"))
     store.upsert(obj("q", "1", ns="b"))
     assert sorted(store.namespaces()) == ["a", "b"]
-    assert store.delete(obj("p", "2")) == Change("a", "p", "p@1", None)
+    assert store.delete(obj("p", "2")) == Change("a", "p", "p@1", None, ChangeKind.DELETED)
     assert store.delete(obj("p", "2")) is None
     assert store.namespaces() == ["b"]
     assert list(store.in_namespace("a")) == []
@@ -92,7 +92,7 @@ def test_replace_drops_ghosts_deleted_during_a_watch_gap(
     clock.now += 10
     # q was deleted while the watch was down: no DELETED event; the next LIST lacks it.
     changes = store.replace([obj("p", "1")], started_at=clock.now)
-    assert changes == [Change("a", "q", "q@1", None)]
+    assert changes == [Change("a", "q", "q@1", None, ChangeKind.DELETED)]
     assert list(store.in_namespace("a")) == ["p@1"]
 
 
@@ -143,7 +143,7 @@ def test_an_old_deletion_does_not_hide_a_listed_recreation(
     clock.now += 10
     # The list started after the deletion, so the object it shows is a re-creation.
     changes = store.replace([obj("p", "3", uid="second")], started_at=clock.now)
-    assert changes == [Change("a", "p", None, "p@3")]
+    assert changes == [Change("a", "p", None, "p@3", ChangeKind.ADDED)]
 
 
 async def test_wait_synced_returns_after_the_first_replace(store: Store[str]) -> None:
@@ -182,3 +182,16 @@ def test_an_object_the_projection_rejects_changes_nothing(clock: FakeClock) -> N
         store.upsert(obj("q", "1", ns="b", bad=True))
     assert store.get("a", "p") == "p@1"
     assert store.namespaces() == ["a"]
+
+
+def test_changes_say_what_happened_even_when_projections_are_none(clock: FakeClock) -> None:
+    # Object counts keep nothing of their objects: the kind, not None-ness, tells a delete.
+    store: Store[None] = Store(lambda o: None, clock=clock)
+    added = store.upsert(obj("p", "1"))
+    updated = store.upsert(obj("p", "2"))
+    deleted = store.delete(obj("p", "3"))
+    assert [c.kind for c in (added, updated, deleted) if c is not None] == [
+        ChangeKind.ADDED,
+        ChangeKind.UPDATED,
+        ChangeKind.DELETED,
+    ]

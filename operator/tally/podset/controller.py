@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.cache import Change, Store
+from tally.cache import Change, ChangeKind, Store
 from tally.podset import claim as claims
 from tally.podset import podutil, ranking, replicas, status
 from tally.podset.expectations import UIDTrackingControllerExpectations
@@ -195,24 +195,22 @@ class PodSetController:
     # -- PodSet events
 
     def on_podset(self, change: Change[Obj]) -> None:
-        if change.new is None:
-            if change.old is not None:
-                # A new PodSet with the same name must start with clean expectations.
-                self.expectations.delete_expectations(podset_key(change.old))
-                self.queue.add(podset_key(change.old))
+        if change.kind is ChangeKind.DELETED:
+            # A new PodSet with the same name must start with clean expectations.
+            self.expectations.delete_expectations(podset_key(change.old or {}))
+            self.queue.add(podset_key(change.old or {}))
             return
-        self.queue.add(podset_key(change.new))
+        self.queue.add(podset_key(change.new or {}))
 
     # -- pod events (upstream addPod / updatePod / deletePod)
 
     def on_pod(self, change: Change[Obj]) -> None:
-        if change.new is None:
-            if change.old is not None:
-                self._delete_pod(change.old)
-        elif change.old is None:
-            self._add_pod(change.new)
+        if change.kind is ChangeKind.DELETED:
+            self._delete_pod(change.old or {})
+        elif change.kind is ChangeKind.ADDED:
+            self._add_pod(change.new or {})
         else:
-            self._update_pod(change.old, change.new)
+            self._update_pod(change.old or {}, change.new or {})
 
     def _resolve(self, namespace: str, ref: Mapping[str, Any] | None) -> Obj | None:
         """The PodSet a controller reference points at, if it is ours and still the same."""
