@@ -7,8 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
+CONFORMANCE_ARGS ?=
 
-.PHONY: install binaries run test unit e2e lint format down clean
+.PHONY: install binaries run test unit e2e conformance lint format down clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,11 @@ unit: $(INSTALLED)
 
 e2e: binaries
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
+
+# Upstream's ResourceQuota e2e specs (its e2e.test, built once into the cache) against tally
+# and against upstream's own quota system; fails if tally fails a spec upstream passes.
+conformance: binaries
+	$(PY) hack/conformance.py $(CONFORMANCE_ARGS)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
