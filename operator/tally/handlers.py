@@ -26,9 +26,10 @@ from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource
+from tally.podset import validation
 from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
 from tally.settings import Settings, SettingsError
-from tally.webhook import QUOTA_WEBHOOK_ID
+from tally.webhook import PODSET_WEBHOOK_ID, QUOTA_WEBHOOK_ID
 
 logger = logging.getLogger(__name__)
 
@@ -97,20 +98,18 @@ kopf.on.event(PODSETS.group, podset_client.VERSION, PODSETS.resource, id="cache-
 )
 
 
-@kopf.on.validate(  # type: ignore[arg-type]
+@kopf.on.validate(
     kopf.EVERYTHING, id=QUOTA_WEBHOOK_ID, operations=["CREATE", "UPDATE"], subresource="*"
 )
 async def validate_quota(
+    *,
     memo: kopf.Memo,
     resource: kopf.Resource,
     namespace: str | None,
-    name: str | None,
-    operation: str | None,
+    name: str,
     subresource: str | None,
-    new: kopf.Body | None,
-    old: kopf.Body | None,
     dryrun: bool,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """Quota admission for one request: translate, evaluate, turn a denial into Kopf's."""
     runtime: Runtime | None = memo.get("runtime")
@@ -123,15 +122,29 @@ async def validate_quota(
         name=name or "",
         group_resource=GroupResource(resource.group, resource.plural),
         subresource=subresource or "",
-        operation=operation or "",
-        obj=_raw(new),
-        old_obj=_raw(old),
+        operation=str(kwargs.get("operation") or ""),
+        obj=_raw(kwargs.get("new")),
+        old_obj=_raw(kwargs.get("old")),
         dry_run=dryrun,
     )
     try:
         await runtime.admit(attributes)
     except AdmissionDenied as denied:
         raise kopf.AdmissionError(denied.message, code=denied.code) from None
+
+
+@kopf.on.validate(
+    PODSETS.group,
+    podset_client.VERSION,
+    PODSETS.resource,
+    id=PODSET_WEBHOOK_ID,
+    operations=["CREATE", "UPDATE"],
+)
+async def validate_podset(*, name: str, body: kopf.Body, **kwargs: Any) -> None:
+    """PodSet validation (apps/v1 ReplicaSet rules): 422 with the API server's own wording."""
+    errors = validation.validate_podset(dict(body), _raw(kwargs.get("old")))
+    if errors:
+        raise kopf.AdmissionError(validation.invalid_message(name, errors), code=422)
 
 
 def _raw(body: kopf.Body | None) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ The informer here is the usage controller's quota store, synced before the webho
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,9 @@ class KubeQuotaAccessor:
         self._quotas = quotas
         self._api = api
         self._updated = UpdatedQuotas()
+        # Monotonic time of admission's last reservation per quota (see the controller's
+        # RESERVATION_GRACE_S). Entries are small and bounded by the number of quotas.
+        self._reserved_at: dict[tuple[str, str], float] = {}
 
     async def get_quotas(self, namespace: str) -> list[Obj]:
         """The namespace's quotas by name, each the newer of the cached and our written copy.
@@ -53,7 +57,7 @@ class KubeQuotaAccessor:
             key=_key,
         )
 
-    async def update_quota_status(self, quota: Obj) -> Obj:
+    async def _put_status(self, quota: Obj) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
         namespace, name = _key(quota)
         path = kube.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
@@ -66,10 +70,21 @@ class KubeQuotaAccessor:
         self._updated.add(stored)
         return stored
 
+    async def update_quota_status(self, quota: Obj) -> Obj:
+        """Admission's write (``QuotaAccessor``): the CAS status update, remembered as a
+        reservation so the controller does not erase it before the object is cached."""
+        stored = await self._put_status(quota)
+        self._reserved_at[_key(stored)] = time.monotonic()
+        return stored
+
+    def since_reservation(self, key: tuple[str, str]) -> float | None:
+        at = self._reserved_at.get(key)
+        return None if at is None else time.monotonic() - at
+
     async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:
         """The controller's write (``QuotaStatusWriter``); a quota deleted meanwhile is done."""
         try:
-            await self.update_quota_status({**quota_obj, "status": status})
+            await self._put_status({**quota_obj, "status": status})
         except client.ApiException as error:
             if error.status != 404:
                 raise

@@ -88,8 +88,9 @@ class Runtime:
         self.accessor = KubeQuotaAccessor(self.quotas, api)
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
+        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
         self.stores: dict[GroupResource, Store[Any]] = {
-            gr: self.informers[gr].store for gr in (*TRACKED_CORE_KINDS, PODSETS)
+            gr: self.informers[gr].store for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS)
         }
         self.controller = ResourceQuotaController(
             self.registry,
@@ -100,6 +101,7 @@ class Runtime:
             resync_period=settings.resync_period,
             metrics_provider=self.metrics.workqueue,
             observer=self.metrics,
+            last_reservation=self.accessor.since_reservation,
         )
         self.admission = QuotaEvaluator(
             self.accessor,
@@ -157,6 +159,8 @@ class Runtime:
             # Quota projections are the whole objects: never None for the side that exists.
             if change.kind is ChangeKind.DELETED:
                 controller.delete_quota(change.old or {})
+                # Other quotas of the namespace may count quotas: replenish like any delete.
+                controller.replenish(RESOURCE_QUOTAS, change.namespace)
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
             else:

@@ -33,6 +33,17 @@ QUOTA_WEBHOOK_ID: Final = "quota"
 
 WEBHOOK_NAME: Final = "quota.tally.dev"
 
+PODSET_WEBHOOK_ID: Final = "validate-podsets"
+PODSET_WEBHOOK_NAME: Final = "podsets.tally.dev"
+PODSET_RULE: Final = {
+    "apiGroups": ["tally.dev"],
+    "apiVersions": ["v1alpha1"],
+    # The main resource only: status and scale writes are not spec edits to validate.
+    "resources": ["podsets"],
+    "operations": ["CREATE", "UPDATE"],
+    "scope": "Namespaced",
+}
+
 CORE_RESOURCES: Final = (
     "pods",
     "pods/resize",  # in-place resize is charged as a delta (spec §1.1)
@@ -112,32 +123,31 @@ def validating_webhook_configuration(
     if failure_policy not in ("Fail", "Ignore"):
         raise ValueError(f"failurePolicy must be Fail or Ignore, not {failure_policy!r}")
     exempt = sorted(set(exempt_namespaces))
+    base = url.rstrip("/")
+
+    def webhook(name: str, handler_id: str, webhook_rules: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "clientConfig": {"url": f"{base}/{handler_id}", "caBundle": ca_bundle},
+            "rules": webhook_rules,
+            "failurePolicy": failure_policy,
+            "matchPolicy": "Equivalent",
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": TIMEOUT_SECONDS,
+            "admissionReviewVersions": ["v1"],
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exempt}
+                ]
+            },
+        }
+
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name, "labels": dict(labels or {"app.kubernetes.io/name": "tally"})},
         "webhooks": [
-            {
-                "name": WEBHOOK_NAME,
-                "clientConfig": {
-                    "url": f"{url.rstrip('/')}/{QUOTA_WEBHOOK_ID}",
-                    "caBundle": ca_bundle,
-                },
-                "rules": rules,
-                "failurePolicy": failure_policy,
-                "matchPolicy": "Equivalent",
-                "sideEffects": "NoneOnDryRun",
-                "timeoutSeconds": TIMEOUT_SECONDS,
-                "admissionReviewVersions": ["v1"],
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": exempt,
-                        }
-                    ]
-                },
-            }
+            webhook(WEBHOOK_NAME, QUOTA_WEBHOOK_ID, rules),
+            webhook(PODSET_WEBHOOK_NAME, PODSET_WEBHOOK_ID, [dict(PODSET_RULE)]),
         ],
     }

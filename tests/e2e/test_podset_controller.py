@@ -286,10 +286,31 @@ async def test_deleting_the_podset_removes_its_pods(
     await client.CustomObjectsApi(api).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "gc"
     )
-    # The garbage collector (kube-controller-manager) follows the owner references.
+    # The garbage collector (kube-controller-manager) follows the owner references. It learns
+    # about a newly installed CRD at its next discovery sync (every 30 s upstream), so on a
+    # fresh control plane this can take a little over that.
     await eventually(
         lambda: client.CoreV1Api(api).list_namespaced_pod(namespace),
         until=lambda pods: not pods.items,
-        within=30,
+        within=90,
         what="pods garbage-collected",
     )
+
+
+async def test_the_webhook_refuses_invalid_podsets(
+    podset_crd: None, operator: RunningOperator, api: client.ApiClient, namespace: str
+) -> None:
+    body = podset("bad", 1)
+    body["spec"]["template"]["metadata"]["labels"] = {"app": "other"}
+    with pytest.raises(client.ApiException) as refused:
+        await create(api, namespace, body)
+    assert refused.value.status == 422
+    assert json.loads(refused.value.body)["message"] == (
+        'admission webhook "podsets.tally.dev" denied the request: PodSet.tally.dev "bad" is '
+        'invalid: spec.template.metadata.labels: Invalid value: {"app":"other"}: `selector` does '
+        "not match template `labels`"
+    )
+    # Status and scale writes are not spec edits: the webhook does not see them.
+    await create(api, namespace, podset("good", 1))
+    await scale(api, namespace, "good", 2)
+    await wait_pods(api, namespace, "good", 2)

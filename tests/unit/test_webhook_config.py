@@ -70,9 +70,12 @@ def test_configuration_fields_hold() -> None:
         rules=webhook_rules(()),
         exempt_namespaces=["kube-system", "tally-system"],
     )
-    (webhook,) = config["webhooks"]
+    webhook, podsets = config["webhooks"]
     # A bare path would run no Kopf handler and allow everything.
     assert webhook["clientConfig"]["url"] == "https://127.0.0.1:9443/quota"
+    assert podsets["clientConfig"]["url"] == "https://127.0.0.1:9443/validate-podsets"
+    assert podsets["rules"][0]["resources"] == ["podsets"]
+    assert podsets["failurePolicy"] == "Fail"
     assert webhook["failurePolicy"] == "Fail"
     assert webhook["sideEffects"] == "NoneOnDryRun"
     assert webhook["timeoutSeconds"] <= 10

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from tally import resources as quota
@@ -56,6 +56,17 @@ DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 someone else, or a usage change no event reported, stays wrong."""
 DEFAULT_WORKERS: Final = 5
 """Upstream ``--concurrent-resource-quota-syncs`` default, per queue."""
+
+RESERVATION_GRACE_S: Final = 1.0
+"""How long after an admission charge a recalculation may not lower that quota's usage.
+
+Admission reserves usage in the quota's status before the object exists; the object reaches
+this controller's cache a few milliseconds after it is stored. A recalculation in between
+(triggered by some deletion) would count without it and write the charge away, after which
+admission would admit past the limit. Upstream's controller has the same race; tally closes it
+by deferring such a lowering write until the object had time to arrive. 1 s is two orders of
+magnitude above the measured event delay (5-8 ms), and only delays replenishment in a quota
+that is being charged at that very moment."""
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
@@ -129,6 +140,7 @@ class ResourceQuotaController:
         resync_period: float = DEFAULT_RESYNC_PERIOD_S,
         metrics_provider: MetricsProvider | None = None,
         observer: SyncObserver | None = None,
+        last_reservation: Callable[[QuotaKey], float | None] | None = None,
     ) -> None:
         self.registry = registry
         """Evaluators for every watched kind; ``calculate_usage`` uses exactly these."""
@@ -142,6 +154,9 @@ class ResourceQuotaController:
         self.resync_period = resync_period
         self.observer = observer
         """Told about every sync (metrics); never decides anything."""
+        self.last_reservation = last_reservation
+        """Seconds since admission last charged a quota (None: never); see
+        ``RESERVATION_GRACE_S``."""
         self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
             default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
         )
@@ -285,6 +300,14 @@ class ResourceQuotaController:
 
         dirty = not _semantic_equal(hard, status_hard) or status_hard is None or status_used is None
         dirty = dirty or not quota.equals(used, status_used or {})
+        key = quota_key(quota_obj)
+        wait = self._reservation_grace_left(key, used, status_used or {})
+        if dirty and wait > 0:
+            # Admission charged this quota a moment ago for an object the caches may not have
+            # seen yet; lowering usage now would erase that charge and let admission admit
+            # past the limit. Look again once the object has had time to arrive.
+            self.queue.add_after(key, wait)
+            return
         if dirty:
             await self.writer.update_status(
                 quota_obj, {"hard": quota.to_strings(hard), "used": quota.to_strings(used)}
@@ -299,6 +322,18 @@ class ResourceQuotaController:
             self.observer.quota_synced(quota_key(quota_obj), hard, used)
         if errors:
             raise UsageError(used, errors)
+
+    def _reservation_grace_left(
+        self, key: QuotaKey, used: Mapping[str, Quantity], status_used: Mapping[str, Quantity]
+    ) -> float:
+        """Seconds to hold back a write that would lower a recently reserved value, else 0."""
+        if self.last_reservation is None:
+            return 0.0
+        since = self.last_reservation(key)
+        if since is None or since >= RESERVATION_GRACE_S:
+            return 0.0
+        lowers = any(name in used and used[name] < value for name, value in status_used.items())
+        return RESERVATION_GRACE_S - since if lowers else 0.0
 
     # -- running
 
