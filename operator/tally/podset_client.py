@@ -4,6 +4,13 @@ Every call has a timeout, carries tally's field manager, and turns API failures 
 :class:`tally.podset.controller.PodControlError` with the HTTP status and the Status causes
 (the controller needs "namespace terminating" and "not found" apart from other errors).
 Events are posted in the background: a lost Event must never fail or slow a sync.
+
+An optional :class:`TokenBucket` (``TALLY_PODSET_QPS`` / ``TALLY_PODSET_BURST``) sits in front
+of the pod writes and the PodSet reads and status writes, like the client-side rate limiter of
+kube-controller-manager's ``replicaset-controller`` client (``--kube-api-qps`` 20 /
+``--kube-api-burst`` 30 by default), so the two can be compared on equal terms. Events are not
+throttled: upstream's recorder drops most of a burst with its spam filter instead, which tally's
+recorder does not have.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import asyncio
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
 from kubernetes_asyncio import client
@@ -20,6 +28,7 @@ from kubernetes_asyncio import client
 from tally import kube
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
+from tally.workqueue import BucketRateLimiter, Clock
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +50,52 @@ def _control_error(error: client.ApiException) -> PodControlError:
     return PodControlError(message, status=int(error.status or 0), causes=causes)
 
 
+class TokenBucket:
+    """client-go's ``flowcontrol.NewTokenBucketRateLimiter``: ``qps`` requests a second, up to
+    ``burst`` at once after a quiet spell; :meth:`wait` before each request.
+
+    Built on :class:`tally.workqueue.BucketRateLimiter` (``rate.Limiter.Reserve``): each
+    ``wait`` reserves the next token, borrowing from the future when the bucket is empty, and
+    sleeps until that token exists, so concurrent waiters are served in call order at exactly
+    ``qps``. A cancelled wait keeps its reservation (client-go's ``Wait`` would return it): at
+    worst one token is lost per cancellation.
+    """
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        *,
+        clock: Clock | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._bucket: BucketRateLimiter[str] = BucketRateLimiter(qps, burst, clock=clock)
+        self._sleep = sleep
+
+    async def wait(self) -> None:
+        delay = self._bucket.when("")
+        if delay > 0:
+            await self._sleep(delay)
+
+
+def token_bucket(qps: float, burst: int) -> TokenBucket | None:
+    """The limiter the settings ask for: None (unlimited) when ``qps`` is 0; a ``burst`` of 0
+    means ``ceil(qps)`` (one second's worth)."""
+    if qps <= 0:
+        return None
+    return TokenBucket(qps, burst if burst > 0 else max(1, math.ceil(qps)))
+
+
 class KubePodControl:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
         self._api = api
+        self._limiter = limiter
 
     async def _call(self, path: str, method: str, body: Any, content_type: str) -> Any:
+        if self._limiter is not None:
+            await self._limiter.wait()
         try:
             return await self._api.call_api(
                 path,
@@ -78,13 +128,16 @@ class KubePodControl:
 
 
 class KubePodSetClient:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
         self._api = api
+        self._limiter = limiter
 
     def _path(self, namespace: str, name: str) -> str:
         return kube.collection_path(GROUP, VERSION, PLURAL, namespace) + f"/{name}"
 
     async def get_podset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if self._limiter is not None:
+            await self._limiter.wait()
         try:
             return await kube.get_json(self._api, self._path(namespace, name))
         except client.ApiException as error:
@@ -95,6 +148,8 @@ class KubePodSetClient:
     async def update_status(self, podset: Mapping[str, Any], new_status: Mapping[str, Any]) -> None:
         metadata = podset["metadata"]
         path = self._path(metadata["namespace"], metadata["name"]) + "/status"
+        if self._limiter is not None:
+            await self._limiter.wait()
         # The object as read, resourceVersion included: a 409 means it changed meanwhile and
         # the sync is retried from a fresher cache.
         await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})

@@ -123,11 +123,14 @@ class Runtime:
             on_kind_synced=self._count_kind_synced,
         )
         self.recorder = podset_client.KubeEventRecorder(api)
+        # One client-side budget for the PodSet controller's requests (upstream: one per
+        # controller client); None = unlimited.
+        limiter = podset_client.token_bucket(settings.podset_qps, settings.podset_burst)
         self.podset_controller = PodSetController(
             self.informers[PODSETS].store,
             self.pod_views.store,
-            podset_client.KubePodControl(api),
-            podset_client.KubePodSetClient(api),
+            podset_client.KubePodControl(api, limiter=limiter),
+            podset_client.KubePodSetClient(api, limiter=limiter),
             self.recorder,
             workers=settings.workers,
             metrics_provider=self.metrics.workqueue,

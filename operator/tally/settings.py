@@ -63,6 +63,14 @@ class Settings(BaseModel):
     admission_config: str = ""
     """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
 
+    podset_qps: float = Field(default=0.0, ge=0, le=100000)
+    """``TALLY_PODSET_QPS``: the PodSet controller's API requests a second (a token bucket in
+    front of its pod writes and PodSet status writes, like kube-controller-manager's
+    ``--kube-api-qps``, 20 upstream); 0 means unlimited."""
+    podset_burst: int = Field(default=0, ge=0, le=100000)
+    """``TALLY_PODSET_BURST``: requests the PodSet controller may make at once after a quiet
+    spell (``--kube-api-burst``, 30 upstream); 0 means one second's worth of ``podset_qps``."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ
