@@ -83,11 +83,17 @@ def collection_path(group: str, version: str, plural: str, namespace: str | None
 
 
 async def list_objects(
-    api: client.ApiClient, group: str, version: str, plural: str, *, page_size: int = 500
+    api: client.ApiClient,
+    group: str,
+    version: str,
+    plural: str,
+    *,
+    namespace: str | None = None,
+    page_size: int = 500,
 ) -> list[dict[str, Any]]:
-    """Every object of a kind in all namespaces, read in pages (a LIST of 10 000 pods in one
-    response would hold the API server's and our memory at once)."""
-    path = collection_path(group, version, plural)
+    """Every object of a kind in all namespaces (or one), read in pages (a LIST of 10 000 pods
+    in one response would hold the API server's and our memory at once)."""
+    path = collection_path(group, version, plural, namespace)
     items: list[dict[str, Any]] = []
     token = ""
     while True:

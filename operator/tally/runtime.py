@@ -143,9 +143,20 @@ class Runtime:
     def _lister(self, gr: GroupResource) -> Any:
         version = podset_client.VERSION if gr == PODSETS else "v1"
 
+        namespaces = sorted(self.settings.watched_namespaces)
+
         async def list_kind() -> list[dict[str, Any]]:
             try:
-                return await kube.list_objects(self.api, gr.group, version, gr.resource)
+                if not namespaces:
+                    return await kube.list_objects(self.api, gr.group, version, gr.resource)
+                items: list[dict[str, Any]] = []
+                for namespace in namespaces:
+                    items.extend(
+                        await kube.list_objects(
+                            self.api, gr.group, version, gr.resource, namespace=namespace
+                        )
+                    )
+                return items
             except client.ApiException as error:
                 if error.status == 404 and gr == PODSETS:
                     # The CRD is not installed (yet): no PodSets. Kopf starts watching them
@@ -247,6 +258,9 @@ class Runtime:
     # -- entry points for the Kopf layer
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        watched = self.settings.watched_namespaces
+        if watched and (obj.get("metadata") or {}).get("namespace") not in watched:
+            return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
         informer = self.informers.get(gr)
         if informer is not None:
             informer.on_event(event_type, obj)

@@ -9,12 +9,14 @@ wiring; these are tally's.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX: Final = "TALLY_"
+_DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class SettingsError(ValueError):
@@ -27,6 +29,10 @@ class Settings(BaseModel):
     resync_period: float = Field(default=300.0, gt=0, le=86400)
     """``TALLY_RESYNC_PERIOD``: seconds between full recalculations of every quota (upstream
     ``--resource-quota-sync-period``, 5 min)."""
+    namespaces: str = ""
+    """``TALLY_NAMESPACES``: comma-separated namespaces tally manages (quotas, usage, admission,
+    PodSets); empty means all. Run Kopf with the same ``--namespace`` flags so that it watches
+    no more than that."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""
@@ -62,6 +68,19 @@ class Settings(BaseModel):
     """``TALLY_ADMISSION_WORKERS``: namespaces evaluated at once (upstream: 5)."""
     admission_config: str = ""
     """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
+
+    @field_validator("namespaces")
+    @classmethod
+    def _valid_namespaces(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",")):
+            if name and not _DNS1123_LABEL.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid namespace name")
+        return value
+
+    @property
+    def watched_namespaces(self) -> frozenset[str]:
+        """The namespaces to manage; empty means all."""
+        return frozenset(p.strip() for p in self.namespaces.split(",") if p.strip())
 
     podset_qps: float = Field(default=0.0, ge=0, le=100000)
     """``TALLY_PODSET_QPS``: the PodSet controller's API requests a second (a token bucket in

@@ -28,9 +28,18 @@ def test_environment_overrides() -> None:
         pytest.param({"TALLY_WORKERS": "five"}, "TALLY_WORKERS='five'", id="not-a-number"),
         pytest.param({"TALLY_RESYNC_PERIOD": "-1"}, "TALLY_RESYNC_PERIOD='-1'", id="negative"),
         pytest.param({"TALLY_RESYNC_PERIOD": "1e9"}, "TALLY_RESYNC_PERIOD='1e9'", id="absurd"),
+        pytest.param({"TALLY_NAMESPACES": "a,B_c"}, "TALLY_NAMESPACES='a,B_c'", id="bad-namespace"),
     ],
 )
 def test_bad_values_name_the_variable(environ: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match="invalid settings") as error:
         Settings.from_env(environ)
     assert named in str(error.value)
+
+
+def test_watched_namespaces() -> None:
+    assert Settings.from_env({}).watched_namespaces == frozenset()
+    assert Settings.from_env({"TALLY_NAMESPACES": " team-a, team-b ,"}).watched_namespaces == {
+        "team-a",
+        "team-b",
+    }
