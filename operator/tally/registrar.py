@@ -21,13 +21,19 @@ from kubernetes_asyncio import client
 
 from tally import kube
 from tally.evaluators.base import GroupResource
-from tally.webhook import count_resources, validating_webhook_configuration, webhook_rules
+from tally.webhook import (
+    ServiceReference,
+    count_resources,
+    validating_webhook_configuration,
+    webhook_rules,
+)
 
 logger = logging.getLogger(__name__)
 
 PATH: Final = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 READY_POLL_S: Final = 0.1
 REFRESH_DEBOUNCE_S: Final = 0.2
+_WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
 class WebhookRegistrar:
@@ -44,10 +50,17 @@ class WebhookRegistrar:
         quotas: Callable[[], Iterable[Mapping[str, Any]]],
         failure_policy: str,
         exempt_namespaces: Iterable[str],
+        service: ServiceReference | None = None,
+        tls_name: str | None = None,
     ) -> None:
+        """``service``: name a Service in the client configs instead of ``url``. ``tls_name``:
+        a name the serving certificate holds, to check that the server answers (default: the
+        listen address, which a wildcard listen address like ``0.0.0.0`` is not)."""
         self._api = api
         self.name = name
         self._url = url
+        self._service = service
+        self._tls_name = tls_name
         self._ca_pem = ca_pem
         self._listen = listen
         self._quotas = quotas
@@ -66,7 +79,15 @@ class WebhookRegistrar:
             rules=webhook_rules(extra),
             failure_policy=self._failure_policy,
             exempt_namespaces=self._exempt,
+            service=self._service,
         )
+
+    @property
+    def target(self) -> str:
+        """Where the API server sends requests, for logs."""
+        if self._service is None:
+            return self._url
+        return f"service {self._service.namespace}/{self._service.name}:{self._service.port}"
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._register_when_serving(), name="webhook-registrar")
@@ -75,10 +96,12 @@ class WebhookRegistrar:
     async def _register_when_serving(self) -> None:
         context = ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
         host, port = self._listen
+        # A wildcard listen address is not an address to dial (nor a name in the certificate).
+        dial = _WILDCARDS.get(host, host)
         while True:
             try:
                 _, writer = await asyncio.open_connection(
-                    host, port, ssl=context, server_hostname=host
+                    dial, port, ssl=context, server_hostname=self._tls_name or host
                 )
             except OSError:
                 await asyncio.sleep(READY_POLL_S)
@@ -89,7 +112,7 @@ class WebhookRegistrar:
             break
         await self.apply()
         self.registered.set()
-        logger.info("webhook %s registered at %s", self.name, self._url)
+        logger.info("webhook %s registered at %s", self.name, self.target)
 
     async def apply(self) -> None:
         """Create or replace the configuration with rules for the current quotas."""

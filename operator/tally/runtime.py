@@ -212,11 +212,17 @@ class Runtime:
         if settings.webhook_enabled:
             host = settings.webhook_host or settings.webhook_addr
             directory = Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-"))
-            self.certificate = generate_serving_certificate(directory, [host])
+            service = settings.webhook_service_ref
+            # With a Service client config the API server checks <svc>.<ns>.svc (issue 7).
+            self.certificate = generate_serving_certificate(
+                directory, [host, *(service.dns_names if service is not None else ())]
+            )
             self.registrar = WebhookRegistrar(
                 self.api,
                 name=settings.webhook_config_name,
                 url=f"https://{host}:{settings.webhook_port}",
+                service=service,
+                tls_name=host,
                 ca_pem=self.certificate.ca_pem,
                 listen=(settings.webhook_addr, settings.webhook_port),
                 quotas=self._all_quotas,

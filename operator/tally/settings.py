@@ -15,6 +15,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tally.webhook import ServiceReference, parse_service_reference
+
 ENV_PREFIX: Final = "TALLY_"
 _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -50,6 +52,11 @@ class Settings(BaseModel):
     webhook_host: str = ""
     """``TALLY_WEBHOOK_HOST``: the host the API server dials (URL and certificate SAN);
     default: the listening address."""
+    webhook_service: str = ""
+    """``TALLY_WEBHOOK_SERVICE``: ``<namespace>/<name>[:<port>]`` of the Service in front of the
+    webhook server (port 443 by default). Set in a cluster: the webhook configuration then names
+    the Service instead of a URL, and the serving certificate's SANs include
+    ``<name>.<namespace>.svc`` (and ``.svc.cluster.local``)."""
     webhook_cert_dir: str = ""
     """``TALLY_WEBHOOK_CERT_DIR``: where the generated CA and serving pair are written;
     default: a private temporary directory."""
@@ -76,6 +83,18 @@ class Settings(BaseModel):
             if name and not _DNS1123_LABEL.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid namespace name")
         return value
+
+    @field_validator("webhook_service")
+    @classmethod
+    def _valid_webhook_service(cls, value: str) -> str:
+        if value:
+            parse_service_reference(value)
+        return value
+
+    @property
+    def webhook_service_ref(self) -> ServiceReference | None:
+        """The Service the webhook configuration names; None means a URL client config."""
+        return parse_service_reference(self.webhook_service) if self.webhook_service else None
 
     @property
     def watched_namespaces(self) -> frozenset[str]:

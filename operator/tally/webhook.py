@@ -8,8 +8,9 @@ fail-closed webhook on leases and events would hurt the whole cluster.
 The rules cover exactly what a quota can charge: the core kinds with evaluators or legacy object
 counts, plus every ``count/<resource>.<group>`` some quota names. They are recomputed as quotas
 change (:func:`count_resources`). Every webhook's client config points at
-``<url>/<handler-id>``: a Kopf webhook path without a handler id runs no handler and allows
-everything.
+``<url>/<handler-id>`` — or, in a cluster, at a Service (``service: {namespace, name, port,
+path: /<handler-id>}``; URL client configs naming Service DNS often fail, kopf#1071): a Kopf
+webhook path without a handler id runs no handler and allows everything.
 
 Fixed fields, whatever the mode (issue 5): failurePolicy ``Fail`` by default (a quota is a limit
 only if creation is refused when tally cannot judge it), sideEffects ``NoneOnDryRun`` (dry-run
@@ -22,8 +23,9 @@ Pure: builds the object; :mod:`tally.handlers` applies it through the API.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import group_resource_for_count_name
@@ -60,6 +62,40 @@ tally's webhook."""
 
 TIMEOUT_SECONDS: Final = 10
 DEFAULT_EXEMPT_NAMESPACES: Final = ("kube-system",)
+DEFAULT_SERVICE_PORT: Final = 443
+_DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class ServiceReference(NamedTuple):
+    """The Service in front of tally's webhook server, as the API server addresses it."""
+
+    namespace: str
+    name: str
+    port: int = DEFAULT_SERVICE_PORT
+
+    @property
+    def dns_names(self) -> tuple[str, str]:
+        """The names the API server checks the serving certificate against (it dials the
+        Service as ``<name>.<namespace>.svc``); the ``cluster.local`` form for other clients."""
+        base = f"{self.name}.{self.namespace}.svc"
+        return base, f"{base}.cluster.local"
+
+
+def parse_service_reference(text: str) -> ServiceReference:
+    """``<namespace>/<name>`` or ``<namespace>/<name>:<port>`` (port 443 by default)."""
+    reference, _, port_text = text.strip().partition(":")
+    namespace, slash, name = reference.partition("/")
+    if not slash:
+        raise ValueError(f"{text!r} is not <namespace>/<name>[:<port>]")
+    for part, what in ((namespace, "namespace"), (name, "service name")):
+        if not _DNS1123_LABEL.fullmatch(part):
+            raise ValueError(f"{part!r} is not a valid {what} (in {text!r})")
+    port = DEFAULT_SERVICE_PORT
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"{port_text!r} is not a port number 1-65535 (in {text!r})")
+        port = int(port_text)
+    return ServiceReference(namespace, name, port)
 
 
 def count_resources(quotas: Iterable[Mapping[str, Any]]) -> set[GroupResource]:
@@ -118,17 +154,34 @@ def validating_webhook_configuration(
     failure_policy: str = "Fail",
     exempt_namespaces: Iterable[str] = DEFAULT_EXEMPT_NAMESPACES,
     labels: Mapping[str, str] | None = None,
+    service: ServiceReference | None = None,
 ) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration tally registers (``url`` without the handler id)."""
+    """The ValidatingWebhookConfiguration tally registers (``url`` without the handler id).
+
+    With ``service``, every client config is a Service reference instead and ``url`` is unused.
+    """
     if failure_policy not in ("Fail", "Ignore"):
         raise ValueError(f"failurePolicy must be Fail or Ignore, not {failure_policy!r}")
     exempt = sorted(set(exempt_namespaces))
     base = url.rstrip("/")
 
+    def client_config(handler_id: str) -> dict[str, Any]:
+        if service is None:
+            return {"url": f"{base}/{handler_id}", "caBundle": ca_bundle}
+        return {
+            "service": {
+                "namespace": service.namespace,
+                "name": service.name,
+                "path": f"/{handler_id}",
+                "port": service.port,
+            },
+            "caBundle": ca_bundle,
+        }
+
     def webhook(name: str, handler_id: str, webhook_rules: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "name": name,
-            "clientConfig": {"url": f"{base}/{handler_id}", "caBundle": ca_bundle},
+            "clientConfig": client_config(handler_id),
             "rules": webhook_rules,
             "failurePolicy": failure_policy,
             "matchPolicy": "Equivalent",

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import ssl
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
+from tally.certs import generate_serving_certificate
 from tally.evaluators.base import GroupResource
+from tally.registrar import WebhookRegistrar
+from tally.settings import Settings, SettingsError
 from tally.webhook import (
+    ServiceReference,
     count_resources,
+    parse_service_reference,
     validating_webhook_configuration,
     webhook_rules,
 )
@@ -94,3 +102,129 @@ def test_bad_failure_policy_is_refused() -> None:
         validating_webhook_configuration(
             name="x", url="https://h", ca_bundle="", rules=[], failure_policy="Maybe"
         )
+
+
+# -- in a cluster: a Service client config (TALLY_WEBHOOK_SERVICE, issue 7)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "tally-system/tally-webhook",
+            ServiceReference("tally-system", "tally-webhook", 443),
+            id="default-port",
+        ),
+        pytest.param("ns/svc:8443", ServiceReference("ns", "svc", 8443), id="port"),
+    ],
+)
+def test_service_reference_parses(text: str, expected: ServiceReference) -> None:
+    assert parse_service_reference(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["tally-webhook", "/svc", "ns/", "ns/Svc", "ns/svc:0", "ns/svc:65536", "ns/svc:https", "a/b/c"],
+)
+def test_bad_service_reference_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not"):
+        parse_service_reference(text)
+
+
+def test_service_client_config_replaces_the_url() -> None:
+    config = validating_webhook_configuration(
+        name="tally.dev",
+        url="https://tally-webhook.tally-system.svc:9443",
+        ca_bundle="Q0E=",
+        rules=webhook_rules(()),
+        service=ServiceReference("tally-system", "tally-webhook"),
+    )
+    webhook, podsets = config["webhooks"]
+    # Every path still ends in the handler id: a bare path would allow everything.
+    assert webhook["clientConfig"] == {
+        "service": {
+            "namespace": "tally-system",
+            "name": "tally-webhook",
+            "path": "/quota",
+            "port": 443,
+        },
+        "caBundle": "Q0E=",
+    }
+    assert podsets["clientConfig"]["service"]["path"] == "/validate-podsets"
+    assert "url" not in podsets["clientConfig"]
+
+
+def test_service_dns_names_are_what_the_api_server_checks() -> None:
+    assert ServiceReference("tally-system", "tally-webhook").dns_names == (
+        "tally-webhook.tally-system.svc",
+        "tally-webhook.tally-system.svc.cluster.local",
+    )
+
+
+def test_service_setting() -> None:
+    assert Settings.from_env({}).webhook_service_ref is None
+    settings = Settings.from_env({"TALLY_WEBHOOK_SERVICE": "tally-system/tally-webhook:8443"})
+    assert settings.webhook_service_ref == ServiceReference("tally-system", "tally-webhook", 8443)
+    with pytest.raises(SettingsError, match="TALLY_WEBHOOK_SERVICE='tally-webhook'"):
+        Settings.from_env({"TALLY_WEBHOOK_SERVICE": "tally-webhook"})
+
+
+def test_registrar_body_names_the_service() -> None:
+    registrar = WebhookRegistrar(
+        cast(Any, None),
+        name="tally.dev",
+        url="https://0.0.0.0:9443",
+        ca_pem=b"CA",
+        listen=("0.0.0.0", 9443),
+        quotas=list,
+        failure_policy="Fail",
+        exempt_namespaces=["kube-system"],
+        service=ServiceReference("tally-system", "tally-webhook"),
+    )
+    body = registrar.body(set())
+    assert [w["clientConfig"]["service"]["name"] for w in body["webhooks"]] == [
+        "tally-webhook",
+        "tally-webhook",
+    ]
+    assert registrar.target == "service tally-system/tally-webhook:443"
+
+
+async def test_registrar_registers_when_listening_on_a_wildcard_address(tmp_path: Path) -> None:
+    """In a cluster tally listens on 0.0.0.0 and its certificate names only the Service: the
+    readiness check must dial loopback and check a name the certificate holds."""
+    service = ServiceReference("tally-system", "tally-webhook")
+    generated = generate_serving_certificate(tmp_path, service.dns_names)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(generated.certfile, generated.pkeyfile)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context)
+    port = server.sockets[0].getsockname()[1]
+    applied: list[bool] = []
+
+    class Recording(WebhookRegistrar):
+        async def apply(self) -> None:
+            applied.append(True)
+
+    registrar = Recording(
+        cast(Any, None),
+        name="tally.dev",
+        url=f"https://{service.dns_names[0]}:{port}",
+        ca_pem=generated.ca_pem,
+        listen=("0.0.0.0", port),
+        quotas=list,
+        failure_policy="Fail",
+        exempt_namespaces=["kube-system"],
+        service=service,
+        tls_name=service.dns_names[0],
+    )
+    try:
+        registrar.start()
+        await asyncio.wait_for(registrar.registered.wait(), timeout=10)
+        assert applied == [True]
+    finally:
+        await registrar.stop(remove=False)
+        server.close()
+        await server.wait_closed()
