@@ -227,30 +227,36 @@ def build(*, force: bool = False) -> Path:
         return directory
 
 
-# Upstream's end-to-end test binary (test/e2e), for `make conformance` (hack/conformance.py).
-# Cached beside the control-plane binaries, stamped with the same inputs digest in a file of
-# its own, and built only on request: `make test` never needs it.
+# Upstream's end-to-end test binary (test/e2e) and the ginkgo CLI that runs it on several
+# processes, for `make conformance` (hack/conformance.py). Cached beside the control-plane
+# binaries, stamped with the same inputs digest in a file of their own, and built only on
+# request: `make test` never needs them.
 E2E_TEST = "e2e.test"
-E2E_TEST_PACKAGE = "k8s.io/kubernetes/test/e2e"
+GINKGO = "ginkgo"
+_E2E_TARGETS = {
+    E2E_TEST: ("test", "k8s.io/kubernetes/test/e2e"),
+    GINKGO: ("build", "github.com/onsi/ginkgo/v2/ginkgo"),
+}
 
 
 def e2e_test_present(version: str | None = None) -> bool:
     directory = bin_dir(version)
     stamp = directory / f".inputs-{E2E_TEST}"
     return (
-        os.access(directory / E2E_TEST, os.X_OK)
+        all(os.access(directory / name, os.X_OK) for name in _E2E_TARGETS)
         and stamp.exists()
         and stamp.read_text().strip() == _build_inputs_digest()
     )
 
 
 def build_e2e_test(*, force: bool = False) -> Path:
-    """Build upstream's ``e2e.test`` at the pinned version into the cache; return its path.
+    """Build upstream's ``e2e.test`` and ``ginkgo`` at the pinned versions into the cache;
+    return the directory holding them.
 
     ``go test -c k8s.io/kubernetes/test/e2e`` in the same module as the control plane (same
-    replaces, same go.sum), ``-tags providerless``. Under the control plane's lock: one Go build
-    at a time per version on this 2-core machine. A cold build after the control plane's takes
-    ~12 minutes and ~3 GB of memory at its peak (the link).
+    replaces, same go.sum), ``-tags providerless``; ginkgo at the version k8s.io/kubernetes
+    requires. Under the control plane's lock: one Go build at a time per version on this 2-core
+    machine. After the control plane's build (whose packages it shares) ~4 minutes.
     """
     version = kubernetes_version()
     directory = bin_dir(version)
@@ -258,19 +264,21 @@ def build_e2e_test(*, force: bool = False) -> Path:
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if e2e_test_present(version) and not force:
-            return directory / E2E_TEST
+            return directory
         go = _go_toolchain()
         stamp = directory / f".inputs-{E2E_TEST}"
         stamp.unlink(missing_ok=True)
-        _say(f"building upstream's {E2E_TEST} {version} into {directory} (first build: ~12 min)")
-        _go_build(
-            directory,
-            E2E_TEST,
-            [go, "test", "-c", "-vet=off", "-p", "2", "-tags", "providerless", "-trimpath",
-             "-ldflags", _ldflags(version), E2E_TEST_PACKAGE],
-        )  # fmt: skip
+        _say(f"building upstream's {E2E_TEST} {version} and {GINKGO} into {directory}")
+        for name, (verb, package) in _E2E_TARGETS.items():
+            test_flags = ["-c", "-vet=off"] if verb == "test" else []
+            _go_build(
+                directory,
+                name,
+                [go, verb, *test_flags, "-p", "2", "-tags", "providerless", "-trimpath",
+                 "-ldflags", _ldflags(version), package],
+            )  # fmt: skip
         stamp.write_text(_build_inputs_digest() + "\n")
-        return directory / E2E_TEST
+        return directory
 
 
 def ensure_binaries() -> Path:
@@ -605,8 +613,13 @@ def up(
     *,
     apiserver_port: int | None = None,
     extra_apiserver_args: Sequence[str] = (),
+    extra_controller_manager_args: Sequence[str] = (),
 ) -> State:
     """Start etcd, kube-apiserver and kube-controller-manager in ``mode``; wait until usable.
+
+    The extra arguments go last, so they override the defaults below (the last value of a flag
+    wins): ``extra_controller_manager_args=["--kube-api-qps=20", "--kube-api-burst=30"]`` gives
+    kube-controller-manager upstream's default client rate limit back.
 
     Usable means: ``/readyz`` answers ok, the ``default`` namespace exists and has its
     ``default`` service account (without it the ServiceAccount admission plugin rejects pods).
@@ -662,7 +675,7 @@ def up(
     state.save()
 
     try:
-        _start_components(state, pki, binaries, extra_apiserver_args)
+        _start_components(state, pki, binaries, extra_apiserver_args, extra_controller_manager_args)
     except BaseException:
         down(directory, quiet=True)
         raise
@@ -670,7 +683,11 @@ def up(
 
 
 def _start_components(
-    state: State, pki: _Pki, binaries: Path, extra_apiserver_args: Sequence[str]
+    state: State,
+    pki: _Pki,
+    binaries: Path,
+    extra_apiserver_args: Sequence[str],
+    extra_controller_manager_args: Sequence[str] = (),
 ) -> None:
     directory = Path(state.dir)
     ports = state.ports
@@ -752,6 +769,7 @@ def _start_components(
             "--kube-api-qps=1000",
             "--kube-api-burst=1000",
             "--profiling=false",
+            *extra_controller_manager_args,
         ],
     )
     _wait(
@@ -856,7 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_cmd.add_argument(
         "--conformance",
         action="store_true",
-        help=f"also build upstream's {E2E_TEST} (for `make conformance`)",
+        help=f"also build upstream's {E2E_TEST} and {GINKGO} (for `make conformance`)",
     )
     commands.add_parser("version", help="print the pinned Kubernetes version")
     commands.add_parser("bin-dir", help="print the directory holding the binaries")
@@ -877,7 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             print(build(force=args.force))
             if args.conformance:
-                print(build_e2e_test(force=args.force))
+                print(build_e2e_test(force=args.force) / E2E_TEST)
         elif args.command == "version":
             print(kubernetes_version())
         elif args.command == "bin-dir":
