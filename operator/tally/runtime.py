@@ -271,7 +271,15 @@ class Runtime:
         if informer is not None:
             informer.on_event(event_type, obj)
         if gr == PODS:
-            self.pod_views.on_event(event_type, obj)
+            delay = self.settings.test_podset_pod_event_delay
+            if delay > 0:
+                # Test only: the PodSet controller's pod view lags the API by ``delay`` (events
+                # kept in order: equal delays fire in scheduling order).
+                asyncio.get_running_loop().call_later(
+                    delay, self.pod_views.on_event, event_type, obj
+                )
+            else:
+                self.pod_views.on_event(event_type, obj)
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
