@@ -1,0 +1,251 @@
+"""Differential test of the PodSet controller: the same scripts with an apps/v1 ReplicaSet on
+upstream (reference mode: kube-controller-manager's replicaset controller and upstream quota
+admission) and with a PodSet on tally (operator mode: tally's controller and tally's webhook).
+
+Each script runs on both sides at once, each in a fresh namespace, and stops at named
+checkpoints. At a checkpoint a side first waits for an anchor (an explicit expected value, so
+that two equally wrong answers cannot pass), then until two reads ``STABLE_AFTER_S`` apart
+agree; then both sides' snapshots must be equal: the number of active pods the workload
+controls; ``status.replicas``, ``fullyLabeledReplicas``, ``readyReplicas``,
+``availableReplicas`` (absent = 0, upstream omits zeros); whether ``observedGeneration`` is the
+current generation; the conditions by type, status and reason; and for a ``ReplicaFailure``
+the ``exceeded quota: ...`` part of its message (the prefixes differ: upstream's quota plugin
+says ``pods "..." is forbidden: ...``, tally's webhook adds ``admission webhook ... denied the
+request: ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from podset_e2e import PODSET, REPLICASET, Workload, install_podset_crd
+
+from tally_e2e import ControlPlane, RunningOperator, eventually, set_pod_status
+
+STABLE_AFTER_S = 2.0
+ANCHOR_WITHIN_S = 60.0
+MIN_READY_S = 10
+COUNTED = ("replicas", "fullyLabeledReplicas", "readyReplicas", "availableReplicas")
+QUOTA_MESSAGE = re.compile(r"exceeded quota: .*")
+
+Snapshot = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def podset_crd(control_plane: ControlPlane) -> None:
+    install_podset_crd(control_plane)
+
+
+@dataclass
+class Side:
+    label: str
+    api: client.ApiClient
+    namespace: str
+    workload: Workload
+    checkpoints: dict[str, Snapshot] = field(default_factory=dict)
+
+    async def snapshot(self, name: str) -> Snapshot:
+        obj = await self.workload.get(self.api, self.namespace, name)
+        pods = await self.workload.owned_pods(self.api, self.namespace, name)
+        status = obj.get("status") or {}
+        conditions = []
+        for condition in status.get("conditions") or []:
+            found = QUOTA_MESSAGE.search(condition.get("message") or "")
+            conditions.append(
+                (
+                    condition["type"],
+                    condition["status"],
+                    condition.get("reason"),
+                    found.group(0) if found else None,
+                )
+            )
+        return {
+            "pods": len(pods),
+            **{key: status.get(key, 0) for key in COUNTED},
+            "observedCurrent": status.get("observedGeneration") == obj["metadata"]["generation"],
+            "conditions": sorted(conditions),
+        }
+
+    async def checkpoint(self, label: str, name: str, anchor: Callable[[Snapshot], bool]) -> None:
+        """Wait for ``anchor``, then for two equal snapshots STABLE_AFTER_S apart; record it."""
+
+        async def settled() -> tuple[Snapshot, Snapshot]:
+            first = await self.snapshot(name)
+            await asyncio.sleep(STABLE_AFTER_S)
+            return first, await self.snapshot(name)
+
+        first, _ = await eventually(
+            settled,
+            until=lambda pair: pair[0] == pair[1] and anchor(pair[0]),
+            within=ANCHOR_WITHIN_S,
+            interval=0.0,
+            what=f"{self.label}: checkpoint {label!r}",
+        )
+        self.checkpoints[label] = first
+
+    async def create(self, name: str, replicas: int, **kw: Any) -> None:
+        await self.workload.create(self.api, self.namespace, name, replicas, **kw)
+
+    async def scale(self, name: str, replicas: int) -> None:
+        await self.workload.scale(self.api, self.namespace, name, replicas)
+
+    async def pod_names(self, name: str) -> list[str]:
+        pods = await self.workload.owned_pods(self.api, self.namespace, name)
+        return sorted(p["metadata"]["name"] for p in pods)
+
+
+Script = Callable[[Side], Awaitable[None]]
+
+
+def counts(pods: int, **status: int) -> Callable[[Snapshot], bool]:
+    """An anchor: ``pods`` pods, ``status.replicas == pods`` unless given, current generation."""
+    expected = {"replicas": pods, **status}
+    return lambda s: (
+        s["pods"] == pods
+        and s["observedCurrent"]
+        and all(s[key] == value for key, value in expected.items())
+    )
+
+
+async def run_both(
+    reference: Side, tally: Side, script: Script
+) -> list[tuple[str, Snapshot, Snapshot]]:
+    await asyncio.gather(script(reference), script(tally))
+    assert list(reference.checkpoints) == list(tally.checkpoints)
+    return [
+        (label, reference.checkpoints[label], tally.checkpoints[label])
+        for label in reference.checkpoints
+    ]
+
+
+@pytest.fixture
+def sides(
+    podset_crd: None,
+    operator: RunningOperator,
+    api: client.ApiClient,
+    namespace: str,
+    reference_api: client.ApiClient,
+    reference_namespace: str,
+) -> tuple[Side, Side]:
+    return (
+        Side("upstream ReplicaSet", reference_api, reference_namespace, REPLICASET),
+        Side("tally PodSet", api, namespace, PODSET),
+    )
+
+
+def assert_same(compared: list[tuple[str, Snapshot, Snapshot]]) -> None:
+    differences = [
+        f"{label}: upstream {upstream} != tally {tally}"
+        for label, upstream, tally in compared
+        if upstream != tally
+    ]
+    assert differences == []
+
+
+# -- scripts ---------------------------------------------------------------------------------
+
+
+async def scale_script(side: Side) -> None:
+    await side.create("web", 0)
+    await side.checkpoint("created with 0", "web", counts(0))
+    await side.scale("web", 5)
+    await side.checkpoint("scaled to 5", "web", counts(5, fullyLabeledReplicas=5))
+    await side.scale("web", 2)
+    await side.checkpoint("scaled to 2", "web", counts(2, fullyLabeledReplicas=2))
+    await side.scale("web", 0)
+    await side.checkpoint("scaled to 0", "web", counts(0))
+
+
+async def ready_script(side: Side) -> None:
+    await side.create("ready", 3, min_ready=MIN_READY_S)
+    await side.checkpoint("3 pending", "ready", counts(3, readyReplicas=0))
+    names = await side.pod_names("ready")
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    await set_pod_status(side.api, side.namespace, names[0], since=long_ago)
+    await set_pod_status(side.api, side.namespace, names[1])  # ready just now
+    await set_pod_status(side.api, side.namespace, names[2], ready=False)
+    await side.checkpoint(
+        "2 ready, 1 available", "ready", counts(3, readyReplicas=2, availableReplicas=1)
+    )
+    # After minReadySeconds the second ready pod is available too, with no pod event.
+    await side.checkpoint(
+        "2 ready, 2 available", "ready", counts(3, readyReplicas=2, availableReplicas=2)
+    )
+
+
+async def adopt_release_script(side: Side) -> None:
+    core = client.CoreV1Api(side.api)
+    orphan = {
+        "metadata": {"name": "orphan", "labels": {"app": "adopt"}},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+    }
+    await core.create_namespaced_pod(side.namespace, orphan)
+    await side.create("adopt", 1)
+    await side.checkpoint("orphan adopted", "adopt", counts(1))
+    assert await side.pod_names("adopt") == ["orphan"], side.label  # adopted, not a new pod
+    await core.patch_namespaced_pod(
+        "orphan", side.namespace, {"metadata": {"labels": {"app": "x"}}}
+    )
+    await side.checkpoint("relabelled pod released and replaced", "adopt", counts(1))
+    assert "orphan" not in await side.pod_names("adopt"), side.label
+    released = await core.read_namespaced_pod("orphan", side.namespace)
+    assert not released.metadata.owner_references, side.label
+
+
+async def quota_script(side: Side) -> None:
+    core = client.CoreV1Api(side.api)
+    await core.create_namespaced_resource_quota(
+        side.namespace,
+        {"metadata": {"name": "condition-test"}, "spec": {"hard": {"pods": "2"}}},
+    )
+    await eventually(
+        lambda: core.read_namespaced_resource_quota("condition-test", side.namespace),
+        until=lambda q: (q.status.used or {}).get("pods") == "0",
+        within=30,
+        what=f"{side.label}: quota usage computed",
+    )
+    await side.create("condition-test", 3)
+    failed = (
+        "ReplicaFailure",
+        "True",
+        "FailedCreate",
+        "exceeded quota: condition-test, requested: pods=1, used: pods=2, limited: pods=2",
+    )
+    await side.checkpoint(
+        "ReplicaFailure FailedCreate",
+        "condition-test",
+        lambda s: counts(2)(s) and s["conditions"] == [failed],
+    )
+    await side.scale("condition-test", 2)
+    await side.checkpoint(
+        "condition removed at 2",
+        "condition-test",
+        lambda s: counts(2)(s) and s["conditions"] == [],
+    )
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+async def test_scale_up_and_down(sides: tuple[Side, Side]) -> None:
+    assert_same(await run_both(*sides, scale_script))
+
+
+async def test_ready_and_available(sides: tuple[Side, Side]) -> None:
+    assert_same(await run_both(*sides, ready_script))
+
+
+async def test_adoption_and_release(sides: tuple[Side, Side]) -> None:
+    assert_same(await run_both(*sides, adopt_release_script))
+
+
+async def test_quota_failure_condition(sides: tuple[Side, Side]) -> None:
+    """Upstream e2e "should surface a failure condition on a common issue like exceeded quota"."""
+    assert_same(await run_both(*sides, quota_script))
