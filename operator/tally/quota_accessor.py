@@ -47,6 +47,10 @@ class KubeQuotaAccessor:
         # RESERVATION_GRACE_S). Entries are small and bounded by the number of quotas.
         self._reserved_at: dict[tuple[str, str], float] = {}
 
+    def newest(self, cached: Obj) -> Obj:
+        """``cached``, or our own later write of the same quota if the cache lags behind it."""
+        return self._updated.check_cache(cached)
+
     async def get_quotas(self, namespace: str) -> list[Obj]:
         """The namespace's quotas by name, each the newer of the cached and our written copy.
 

@@ -102,6 +102,7 @@ class Runtime:
             metrics_provider=self.metrics.workqueue,
             observer=self.metrics,
             last_reservation=self.accessor.since_reservation,
+            newest=self.accessor.newest,
         )
         self.admission = QuotaEvaluator(
             self.accessor,

@@ -141,6 +141,7 @@ class ResourceQuotaController:
         metrics_provider: MetricsProvider | None = None,
         observer: SyncObserver | None = None,
         last_reservation: Callable[[QuotaKey], float | None] | None = None,
+        newest: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.registry = registry
         """Evaluators for every watched kind; ``calculate_usage`` uses exactly these."""
@@ -154,6 +155,9 @@ class ResourceQuotaController:
         self.resync_period = resync_period
         self.observer = observer
         """Told about every sync (metrics); never decides anything."""
+        self.newest = newest
+        """The newest copy of a quota this process knows (its own last write may be newer than
+        the cache); syncs compare with and write over that copy."""
         self.last_reservation = last_reservation
         """Seconds since admission last charged a quota (None: never); see
         ``RESERVATION_GRACE_S``."""
@@ -239,7 +243,8 @@ class ResourceQuotaController:
     # -- sync
 
     async def _sync_key(self, key: QuotaKey) -> None:
-        quota_obj = self.quotas.get(*key)
+        cached = self.quotas.get(*key)
+        quota_obj = cached if cached is None or self.newest is None else self.newest(cached)
         if quota_obj is None:
             # Deleted: nothing to write.
             if self.observer is not None:
