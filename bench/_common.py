@@ -1,0 +1,218 @@
+"""Pieces shared by the benchmarks: control planes in temporary directories, API clients, raw
+JSON requests, bounded concurrency, percentiles, process memory and the machine line.
+
+Importing this module puts ``hack/`` (``cluster``) and ``tests/e2e/`` (``operator_process``) on
+``sys.path`` and re-exports both modules: the benchmarks run as plain scripts
+(``.venv/bin/python bench/<name>.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+for _extra in (REPO / "hack", REPO / "tests" / "e2e"):
+    if str(_extra) not in sys.path:
+        sys.path.insert(0, str(_extra))
+
+import operator_process  # noqa: E402, F401 (re-exported for the benchmarks)
+
+import cluster  # noqa: E402
+
+RETRYABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+"""Statuses a bulk create retries (0: the connection failed): the API server sheds load with
+429 and its storage layer answers 5xx under a burst; the benchmark wants the objects, not a
+test of the API server's overload behaviour."""
+
+
+@contextlib.contextmanager
+def control_plane(mode: str) -> Iterator[cluster.State]:
+    """A control plane in ``mode`` in a fresh temporary directory, stopped and removed after."""
+    directory = Path(tempfile.mkdtemp(prefix=f"tally-bench-{mode}-"))
+    try:
+        with cluster.running(directory, mode) as state:
+            yield state
+    finally:
+        cluster.down(directory, clean=True, quiet=True)
+
+
+async def api_client(kubeconfig: str, *, pool: int = 100) -> client.ApiClient:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool
+    return client.ApiClient(configuration)
+
+
+class Raw:
+    """JSON requests through kubernetes-asyncio's aiohttp session, without its models.
+
+    Building and parsing ``V1Pod`` models costs the client more CPU than the API server spends
+    on a create; on a 2-core machine shared with the API server that would measure the client.
+    Non-2xx answers raise ``client.ApiException`` as the generated API does.
+    """
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.host = api.configuration.host
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+        request_timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        response = await self.api.rest_client.request(
+            method,
+            self.host + path,
+            query_params=query,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            _request_timeout=request_timeout,
+        )
+        return dict(json.loads(response.data))
+
+    async def list_all(
+        self, path: str, *, page: int = 500, query: list[tuple[str, str]] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a collection, read in pages of ``page``."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            params = [*(query or []), ("limit", str(page))]
+            if token:
+                params.append(("continue", token))
+            answer = await self.call("GET", path, query=params)
+            items.extend(answer.get("items") or [])
+            token = (answer.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
+    async def create(self, path: str, body: dict[str, Any], *, attempts: int = 8) -> None:
+        """POST ``body``; retries overload answers; an object already there (from an attempt
+        whose answer was lost) counts as created."""
+        await self._retrying("POST", path, body, "application/json", attempts, ok={409})
+
+    async def merge_patch(self, path: str, body: dict[str, Any], *, attempts: int = 8) -> None:
+        await self._retrying("PATCH", path, body, "application/merge-patch+json", attempts)
+
+    async def _retrying(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any],
+        content_type: str,
+        attempts: int,
+        ok: frozenset[int] | set[int] = frozenset(),
+    ) -> None:
+        for attempt in range(attempts):
+            try:
+                await self.call(method, path, body, content_type=content_type)
+                return
+            except client.ApiException as error:
+                if error.status in ok and attempt > 0:
+                    return
+                if error.status not in RETRYABLE_STATUSES or attempt == attempts - 1:
+                    raise
+            except (OSError, TimeoutError):
+                if attempt == attempts - 1:
+                    raise
+            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+
+
+async def bounded(
+    jobs: Iterable[Callable[[], Awaitable[None]]],
+    concurrency: int,
+    *,
+    label: str = "",
+    total: int | None = None,
+) -> float:
+    """Run every job with at most ``concurrency`` in flight; returns the seconds it took.
+
+    Progress goes to stderr every ~5 s when ``label`` is given. The first failure cancels the
+    rest and is raised.
+    """
+    iterator = iter(jobs)
+    done = 0
+    started = time.perf_counter()
+    last_report = started
+
+    async def worker() -> None:
+        nonlocal done, last_report
+        for job in iterator:
+            await job()
+            done += 1
+            now = time.perf_counter()
+            if label and now - last_report > 5.0:
+                last_report = now
+                of = f"/{total}" if total else ""
+                rate = done / (now - started)
+                print(f"  {label}: {done}{of} ({rate:.0f}/s)", file=sys.stderr, flush=True)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(worker())
+    elapsed = time.perf_counter() - started
+    if label:
+        print(f"  {label}: {done} in {elapsed:.1f} s ({done / elapsed:.0f}/s)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return elapsed
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (``fraction`` in 0..1) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
+
+
+def memory_of(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of ``pid`` in bytes: resident memory now and its peak."""
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    after_name = stat[stat.rindex(")") + 2 :].split()
+    # Fields 14 and 15 (utime, stime) of proc(5), counted from 1 with pid and comm first.
+    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mib(value: float) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def machine() -> str:
+    """One line about where the numbers were taken."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return (
+        f"nproc={os.cpu_count()}, memory {total / 2**30:.1f} GiB, load average {load} "
+        f"(shared machine), python {platform.python_version()}, "
+        f"Kubernetes {cluster.kubernetes_version()}, {platform.machine()}"
+    )

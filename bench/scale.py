@@ -1,0 +1,573 @@
+"""Benchmark: tally's start-up at scale — 1 000 namespaces, 10 000 pods, 1 000 quotas.
+
+Two control planes, one after the other (each in a temporary directory, stopped afterwards):
+
+* **reference** (upstream quota): namespaces, pods (cpu/memory requests, a mix of Pending,
+  Running, Succeeded and Failed), configmaps, then one quota per namespace — created after the
+  pods, so kube-controller-manager's resourcequota controller computes every usage from its
+  caches. Measured: time from the first quota create until every quota is correct, and
+  kube-controller-manager's RSS once they are (pid from the control plane's ``state.json``).
+* **operator** (tally is the quota system): the same objects, created while tally is *not*
+  running (no webhook, so nothing is charged and no status is written). Then tally starts
+  (``kopf run operator/main.py``, the command the e2e tests use) and the benchmark measures,
+  from the moment the process is spawned: its liveness answering, its "caches synced" log
+  line, every quota correct (``status.used`` numerically equal, for every name in
+  ``spec.hard``, to what was created — checked by paged LISTs of resourcequotas), its webhook
+  configuration registered, and when its CPU use went quiet (Kopf's initial listing done).
+  tally's RSS is read from ``/proc`` at convergence and once it is quiet, with its peak.
+
+"Correct" is computed from what the benchmark created: ``pods`` counts the non-terminal pods,
+``count/pods`` every pod, ``requests.cpu``/``requests.memory`` sum the non-terminal pods'
+requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.crt`` one that
+kube-controller-manager publishes into every namespace (its presence is checked first).
+
+Prints the times, the memory, the ratios to the targets of issue 4 (convergence <= 30 s, RSS <=
+kube-controller-manager's), the input sizes and the machine. Creates run with ``--concurrency``
+requests in flight (retrying the API server's overload answers).
+
+Run: ``.venv/bin/python bench/scale.py [--namespaces 1000] [--pods 10000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from _common import (
+    REPO,
+    Raw,
+    api_client,
+    bounded,
+    cluster,
+    control_plane,
+    cpu_seconds,
+    machine,
+    memory_of,
+    mib,
+)
+from tally.quantity import Quantity, parse_quantity
+
+TARGET_CONVERGENCE_S = 30.0
+TIMEOUT_S = 300.0
+POLL_S = 0.5
+QUIET_CPU_FRACTION = 0.10
+"""tally counts as quiet once a 2 s window used less than this share of one core."""
+QUIET_WINDOW_S = 2.0
+QUIET_LIMIT_S = 90.0
+CONFIGMAPS_PER_NAMESPACE = 2
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+QUOTA = "q"
+IMAGE = "registry.example/app:1"
+CPU_MILLI = (100, 250, 500, 1000)
+MEMORY_MI = (64, 128, 256)
+SIDECAR = {"cpu_milli": 50, "memory_mi": 32}
+HARD = {
+    "pods": "1k",
+    "count/pods": "1k",
+    "requests.cpu": "1k",
+    "requests.memory": "1Ti",
+    "count/configmaps": "1k",
+}
+WEBHOOK_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/tally.dev"
+
+
+# --------------------------------------------------------------------------------------------
+# The input and what every quota must show for it
+
+
+@dataclasses.dataclass(frozen=True)
+class PodShape:
+    namespace: str
+    name: str
+    cpu_milli: int
+    memory_mi: int
+    sidecar: bool
+    phase: str  # "Pending" (left as created), "Running", "Succeeded" or "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    def body(self) -> dict[str, Any]:
+        containers = [_container("app", self.cpu_milli, self.memory_mi)]
+        if self.sidecar:
+            containers.append(_container("sidecar", SIDECAR["cpu_milli"], SIDECAR["memory_mi"]))
+        return {
+            "metadata": {"name": self.name, "labels": {"app": "scale", "tier": self.name[-1]}},
+            "spec": {"containers": containers},
+        }
+
+
+def _container(name: str, cpu_milli: int, memory_mi: int) -> dict[str, Any]:
+    requests = {"cpu": f"{cpu_milli}m", "memory": f"{memory_mi}Mi"}
+    return {"name": name, "image": IMAGE, "resources": {"requests": requests}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    namespaces: list[str]
+    pods: list[PodShape]
+
+    @classmethod
+    def build(cls, namespaces: int, pods: int) -> Input:
+        names = [f"scale-{index:04d}" for index in range(namespaces)]
+        shapes = []
+        for index in range(pods):
+            # Round-robin over the namespaces; ``slot`` is the pod's place within its namespace.
+            ns, slot = index % namespaces, index // namespaces
+            phase = {7: "Running", 8: "Succeeded", 9: "Failed"}.get((slot + ns) % 10, "Pending")
+            shapes.append(
+                PodShape(
+                    namespace=names[ns],
+                    name=f"p-{index:05d}",
+                    cpu_milli=CPU_MILLI[index % len(CPU_MILLI)],
+                    memory_mi=MEMORY_MI[(index // 3) % len(MEMORY_MI)],
+                    sidecar=index % 5 == 0,
+                    phase=phase,
+                )
+            )
+        return cls(names, shapes)
+
+    def expected(self) -> dict[str, dict[str, Quantity]]:
+        """namespace -> the ``status.used`` its quota must show."""
+        counts = {ns: {"pods": 0, "count": 0, "cpu": 0, "memory": 0} for ns in self.namespaces}
+        for pod in self.pods:
+            tally = counts[pod.namespace]
+            tally["count"] += 1
+            if pod.terminal:
+                continue
+            tally["pods"] += 1
+            tally["cpu"] += pod.cpu_milli + (SIDECAR["cpu_milli"] if pod.sidecar else 0)
+            tally["memory"] += pod.memory_mi + (SIDECAR["memory_mi"] if pod.sidecar else 0)
+        return {
+            ns: {
+                "pods": Quantity.from_int(c["pods"]),
+                "count/pods": Quantity.from_int(c["count"]),
+                "requests.cpu": Quantity.from_milli(c["cpu"]),
+                "requests.memory": Quantity.from_int(c["memory"] * 2**20),
+                "count/configmaps": Quantity.from_int(CONFIGMAPS_PER_NAMESPACE + 1),
+            }
+            for ns, c in counts.items()
+        }
+
+
+def quota_correct(quota: dict[str, Any], expected: dict[str, dict[str, Quantity]]) -> bool:
+    namespace = quota["metadata"]["namespace"]
+    want = expected.get(namespace)
+    if want is None or quota["metadata"]["name"] != QUOTA:
+        return False
+    used = (quota.get("status") or {}).get("used") or {}
+    for name, value in want.items():
+        text = used.get(name)
+        if text is None:
+            return False
+        try:
+            if parse_quantity(text) != value:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Creating it
+
+
+async def populate(raw: Raw, data: Input, concurrency: int) -> dict[str, float]:
+    """Namespaces, pods (and their phases), configmaps. Returns seconds per step."""
+    steps: dict[str, float] = {}
+
+    def create(path: str, body: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+        return lambda: raw.create(path, body)
+
+    steps["namespaces"] = await bounded(
+        (create("/api/v1/namespaces", {"metadata": {"name": ns}}) for ns in data.namespaces),
+        concurrency,
+        label="namespaces",
+        total=len(data.namespaces),
+    )
+    # Pods are refused until the namespace's default service account exists.
+    started = time.perf_counter()
+    await _wait_for_each_namespace(raw, data, "/api/v1/serviceaccounts", "default", "accounts")
+    steps["service accounts"] = time.perf_counter() - started
+
+    pod_jobs = (create(f"/api/v1/namespaces/{p.namespace}/pods", p.body()) for p in data.pods)
+    configmap_jobs = (
+        create(
+            f"/api/v1/namespaces/{ns}/configmaps",
+            {"metadata": {"name": f"cm-{index}"}, "data": {"key": "value" * 20}},
+        )
+        for ns in data.namespaces
+        for index in range(CONFIGMAPS_PER_NAMESPACE)
+    )
+    steps["pods"] = await bounded(pod_jobs, concurrency, label="pods", total=len(data.pods))
+    steps["configmaps"] = await bounded(
+        configmap_jobs,
+        concurrency,
+        label="configmaps",
+        total=len(data.namespaces) * CONFIGMAPS_PER_NAMESPACE,
+    )
+    phased = [pod for pod in data.pods if pod.phase != "Pending"]
+    steps["pod phases"] = await bounded(
+        (
+            (
+                lambda pod=pod: raw.merge_patch(
+                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                    {"status": {"phase": pod.phase}},
+                )
+            )
+            for pod in phased
+        ),
+        concurrency,
+        label="pod phases",
+        total=len(phased),
+    )
+    started = time.perf_counter()
+    await _wait_for_each_namespace(
+        raw, data, "/api/v1/configmaps", ROOT_CA_CONFIGMAP, "root CA configmaps"
+    )
+    steps["root CA configmaps"] = time.perf_counter() - started
+    return steps
+
+
+async def _wait_for_each_namespace(
+    raw: Raw, data: Input, path: str, name: str, what: str, limit_s: float = 180.0
+) -> None:
+    wanted = set(data.namespaces)
+    deadline = time.monotonic() + limit_s
+    while True:
+        items = await raw.list_all(path, query=[("fieldSelector", f"metadata.name={name}")])
+        missing = wanted - {item["metadata"]["namespace"] for item in items}
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(missing)} namespaces still lack their {what}")
+        await asyncio.sleep(1.0)
+
+
+async def create_quotas(raw: Raw, data: Input, concurrency: int) -> float:
+    body = {"metadata": {"name": QUOTA}, "spec": {"hard": HARD}}
+    return await bounded(
+        (
+            (lambda ns=ns: raw.create(f"/api/v1/namespaces/{ns}/resourcequotas", body))
+            for ns in data.namespaces
+        ),
+        concurrency,
+        label="quotas",
+        total=len(data.namespaces),
+    )
+
+
+async def correct_quotas(raw: Raw, expected: dict[str, dict[str, Quantity]]) -> int:
+    quotas = await raw.list_all("/api/v1/resourcequotas")
+    return sum(1 for quota in quotas if quota_correct(quota, expected))
+
+
+async def wait_converged(
+    raw: Raw, expected: dict[str, dict[str, Quantity]], started: float, what: str
+) -> float:
+    """Poll until every quota is correct; seconds since ``started`` (perf_counter)."""
+    last_report = 0.0
+    while True:
+        correct = await correct_quotas(raw, expected)
+        now = time.perf_counter()
+        if correct == len(expected):
+            return now - started
+        if now - started > TIMEOUT_S:
+            raise RuntimeError(f"{what}: only {correct}/{len(expected)} quotas correct after "
+                               f"{TIMEOUT_S:.0f} s")  # fmt: skip
+        if now - last_report > 5.0:
+            last_report = now
+            print(f"  {what}: {correct}/{len(expected)} quotas correct at "
+                  f"{now - started:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+        await asyncio.sleep(POLL_S)
+
+
+# --------------------------------------------------------------------------------------------
+# The two sides
+
+
+@dataclasses.dataclass
+class ReferenceResult:
+    populate: dict[str, float]
+    quota_creates_s: float
+    convergence_s: float
+    kcm_rss: int
+    kcm_peak: int
+
+
+@dataclasses.dataclass
+class OperatorResult:
+    populate: dict[str, float]
+    liveness_s: float | None = None
+    caches_synced_s: float | None = None
+    convergence_s: float | None = None
+    webhook_s: float | None = None
+    quiet_s: float | None = None
+    rss_at_convergence: int = 0
+    rss: int = 0
+    peak: int = 0
+    cpu_to_convergence_s: float = 0.0
+    cpu_to_quiet_s: float = 0.0
+    samples: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
+    """(seconds since start, CPU seconds used, RSS) every ~0.5 s."""
+    syncs: str = ""
+
+
+async def run_reference(state: cluster.State, data: Input, concurrency: int) -> ReferenceResult:
+    api = await api_client(state.kubeconfig)
+    raw = Raw(api)
+    try:
+        steps = await populate(raw, data, concurrency)
+        started = time.perf_counter()
+        creates = await create_quotas(raw, data, concurrency)
+        convergence = await wait_converged(raw, data.expected(), started, "upstream")
+        await asyncio.sleep(2.0)  # let the controller settle before reading its memory
+        rss, peak = memory_of(state.pids["kube-controller-manager"])
+        return ReferenceResult(steps, creates, convergence, rss, peak)
+    finally:
+        await api.close()
+
+
+class Tally:
+    """tally as a subprocess, as ``tests/e2e/operator_process.TallyProcess`` starts it, but
+    observed from asyncio: the benchmark needs the moments of each start-up step."""
+
+    def __init__(self, kubeconfig: str, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.liveness_url = f"http://127.0.0.1:{cluster.free_port()}/healthz"
+        self.metrics_url = f"http://127.0.0.1:{cluster.free_port()}/metrics"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int:
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "TALLY_METRICS_ADDR": "127.0.0.1",
+            "TALLY_METRICS_PORT": self.metrics_url.rsplit(":", 1)[1].split("/")[0],
+            "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
+        }
+        command = [
+            sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
+            "--all-namespaces", "--standalone", f"--liveness={self.liveness_url}",
+        ]  # fmt: skip
+        with open(self.log, "ab") as sink:
+            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def live(self) -> bool:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(self.liveness_url, timeout=1) as response,
+        ):
+            return bool(response.status == 200)
+        return False
+
+    def log_has(self, pattern: str) -> bool:
+        try:
+            return re.search(pattern, self.log.read_text(errors="replace")) is not None
+        except OSError:
+            return False
+
+    def metric(self, prefix: str) -> str:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(self.metrics_url, timeout=5) as response,
+        ):
+            text = response.read().decode()
+            return " ".join(
+                line.split()[-1] for line in text.splitlines() if line.startswith(prefix)
+            )
+        return "?"
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def run_operator(
+    state: cluster.State, data: Input, concurrency: int, tally: Tally
+) -> OperatorResult:
+    api = await api_client(state.kubeconfig)
+    raw = Raw(api)
+    try:
+        steps = await populate(raw, data, concurrency)
+        await create_quotas(raw, data, concurrency)
+        expected = data.expected()
+        if await correct_quotas(raw, expected):
+            raise RuntimeError("quotas are correct before tally started: nothing to measure")
+        result = OperatorResult(steps)
+        print("starting tally ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        pid = tally.start()
+        watcher = asyncio.create_task(_observe_startup(tally, raw, pid, started, result))
+        try:
+            result.convergence_s = await wait_converged(raw, expected, started, "tally")
+            result.rss_at_convergence = memory_of(pid)[0]
+            result.cpu_to_convergence_s = cpu_seconds(pid)
+            await _wait_quiet(tally, pid, started, result)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if not tally.alive():
+            raise RuntimeError(f"tally exited during the run; log: {tally.log}")
+        result.rss, result.peak = memory_of(pid)
+        result.cpu_to_quiet_s = cpu_seconds(pid)
+        result.syncs = (
+            f"{tally.metric('tally_resourcequota_sync_duration_seconds_count')} syncs, "
+            f"{float(tally.metric('tally_resourcequota_sync_duration_seconds_sum') or 0):.2f} "
+            f"s in total"
+        )
+        return result
+    finally:
+        await api.close()
+
+
+async def _observe_startup(
+    tally: Tally, raw: Raw, pid: int, started: float, result: OperatorResult
+) -> None:
+    """Record when each start-up step became visible, and sample CPU and memory."""
+    while True:
+        now = time.perf_counter() - started
+        if not tally.alive():
+            return
+        with contextlib.suppress(OSError, KeyError):
+            result.samples.append((now, cpu_seconds(pid), memory_of(pid)[0]))
+        if result.liveness_s is None and await asyncio.to_thread(tally.live):
+            result.liveness_s = time.perf_counter() - started
+        if result.caches_synced_s is None and tally.log_has(r"caches synced"):
+            result.caches_synced_s = now
+        if result.webhook_s is None:
+            with contextlib.suppress(client.ApiException):
+                await raw.call("GET", WEBHOOK_PATH)
+                result.webhook_s = time.perf_counter() - started
+        await asyncio.sleep(0.1 if result.webhook_s is None else 0.5)
+
+
+async def _wait_quiet(tally: Tally, pid: int, started: float, result: OperatorResult) -> None:
+    """Until tally used < QUIET_CPU_FRACTION of a core over QUIET_WINDOW_S (at most
+    QUIET_LIMIT_S more) and its webhook is registered."""
+    limit = time.perf_counter() + QUIET_LIMIT_S
+    while time.perf_counter() < limit and tally.alive():
+        before = cpu_seconds(pid)
+        await asyncio.sleep(QUIET_WINDOW_S)
+        used = cpu_seconds(pid) - before
+        if used < QUIET_CPU_FRACTION * QUIET_WINDOW_S and result.webhook_s is not None:
+            result.quiet_s = time.perf_counter() - started - QUIET_WINDOW_S
+            return
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: OperatorResult) -> None:
+    def seconds(value: float | None) -> str:
+        return "never" if value is None else f"{value:6.1f} s"
+
+    terminal = sum(1 for pod in data.pods if pod.terminal)
+    print(f"scale: {len(data.namespaces)} namespaces, {len(data.pods)} pods ({terminal} "
+          f"Succeeded/Failed, the rest Pending/Running; cpu+memory requests, 1 in 5 with a "
+          f"sidecar), {len(data.namespaces) * CONFIGMAPS_PER_NAMESPACE} configmaps (+1 root CA "
+          f"each), {len(data.namespaces)} quotas ({', '.join(HARD)}); creates {concurrency} "
+          f"in flight")  # fmt: skip
+    print(f"machine: {machine()}")
+    for label, steps in (("upstream", upstream.populate), ("operator", tally.populate)):
+        print(f"populate ({label}): " + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
+    print()
+    print("tally (operator mode; objects created while tally was down; times since spawn):")
+    print(f"  liveness answered        {seconds(tally.liveness_s)}")
+    print(f"  caches synced (log)      {seconds(tally.caches_synced_s)}")
+    print(f"  every quota correct      {seconds(tally.convergence_s)}"
+          f"   (CPU used by then {tally.cpu_to_convergence_s:.1f} s)")  # fmt: skip
+    print(f"  webhook registered       {seconds(tally.webhook_s)}")
+    print(f"  quiet (Kopf listing done){seconds(tally.quiet_s)}"
+          f"   (CPU used by then {tally.cpu_to_quiet_s:.1f} s)")  # fmt: skip
+    print(f"  quota syncs              {tally.syncs}")
+    print(f"  RSS at convergence {mib(tally.rss_at_convergence)}, when quiet {mib(tally.rss)}, "
+          f"peak {mib(tally.peak)}")  # fmt: skip
+    print("upstream (reference mode; quotas created after the pods, KCM already running):")
+    print(f"  quota creates            {seconds(upstream.quota_creates_s)}")
+    print(f"  every quota correct      {seconds(upstream.convergence_s)} (from the first create)")
+    print(f"  kube-controller-manager RSS {mib(upstream.kcm_rss)}, peak {mib(upstream.kcm_peak)}")
+    print()
+    convergence = tally.convergence_s or float("inf")
+    ratio = convergence / TARGET_CONVERGENCE_S
+    print(f"convergence: {convergence:.1f} s = {ratio:.2f}x the target {TARGET_CONVERGENCE_S:.0f}"
+          f" s ({'meets' if ratio <= 1.0 else 'misses'})")  # fmt: skip
+    rss_ratio = tally.rss / upstream.kcm_rss
+    peak_ratio = tally.peak / upstream.kcm_peak
+    print(f"RSS tally/KCM: {rss_ratio:.2f}x when quiet "
+          f"({'meets' if rss_ratio <= 1.0 else 'misses'} the target <= 1.0x); "
+          f"peak {peak_ratio:.2f}x")  # fmt: skip
+    print("tally samples (s since spawn: CPU s, RSS):", " ".join(
+        f"{t:.0f}:{cpu:.1f}/{mib(rss)}" for t, cpu, rss in tally.samples[:: max(1, len(
+            tally.samples) // 25)]))  # fmt: skip
+
+
+@contextlib.contextmanager
+def tally_in(directory: Path, kubeconfig: str) -> Iterator[Tally]:
+    tally = Tally(kubeconfig, directory / "tally.log")
+    try:
+        yield tally
+    finally:
+        tally.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--namespaces", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=10000)
+    parser.add_argument("--concurrency", type=int, default=64, help="creates in flight")
+    parser.add_argument("--keep-log", type=Path, default=None, help="copy tally's log here")
+    args = parser.parse_args(argv)
+    data = Input.build(args.namespaces, args.pods)
+    began = time.perf_counter()
+    print("reference control plane ...", file=sys.stderr, flush=True)
+    with control_plane("reference") as reference:
+        upstream = asyncio.run(run_reference(reference, data, args.concurrency))
+    print("operator control plane ...", file=sys.stderr, flush=True)
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        control_plane("operator") as operator,
+        tally_in(Path(scratch), operator.kubeconfig) as tally,
+    ):
+        try:
+            result = asyncio.run(run_operator(operator, data, args.concurrency, tally))
+        finally:
+            if args.keep_log is not None:
+                args.keep_log.write_bytes(tally.log.read_bytes())
+    report(data, args.concurrency, upstream, result)
+    print(f"total run {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
