@@ -36,6 +36,7 @@ __all__ = [
     "ConstraintError",
     "Evaluator",
     "GroupResource",
+    "NoScopes",
     "Obj",
     "ObjectError",
     "Operation",
@@ -300,6 +301,30 @@ class Evaluator(Protocol):
 
 
 # -- shared implementations --
+
+
+class NoScopes:
+    """The scope half of :class:`Evaluator` for kinds no quota scope applies to.
+
+    Upstream's object-count and service evaluators use ``MatchesNoScopeFunc``: any scoped
+    quota never matches their objects, and they cover no limited scope.
+    """
+
+    def matches_scope(self, scope: ScopeRequirement, obj: Any) -> bool:
+        return False
+
+    def matches(self, quota_obj: Obj, obj: Any) -> bool:
+        return matches_quota(self, quota_obj, obj)  # type: ignore[arg-type]
+
+    def matching_scopes(
+        self, obj: Any, scopes: Sequence[ScopeRequirement]
+    ) -> list[ScopeRequirement]:
+        return []
+
+    def uncovered_quota_scopes(
+        self, limited: Sequence[ScopeRequirement], matched: Sequence[ScopeRequirement]
+    ) -> list[ScopeRequirement]:
+        return []
 
 
 def matches_quota(evaluator: Evaluator, quota: Obj, obj: Any) -> bool:

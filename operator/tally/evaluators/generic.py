@@ -42,7 +42,7 @@ LEGACY_OBJECT_COUNT_ALIASES: Final[dict[GroupResource, str]] = {
 _ONE: Final = Quantity.from_int(1)
 
 
-class ObjectCountEvaluator:
+class ObjectCountEvaluator(base.NoScopes):
     """Counts objects of one group/resource (upstream ``objectCountEvaluator``)."""
 
     def __init__(self, group_resource: GroupResource, alias: str | None = None) -> None:
@@ -81,22 +81,6 @@ class ObjectCountEvaluator:
 
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         return operation == Operation.CREATE and subresource == ""
-
-    def matches_scope(self, scope: ScopeRequirement, obj: Any) -> bool:
-        return False
-
-    def matches(self, quota_obj: Obj, obj: Any) -> bool:
-        return base.matches_quota(self, quota_obj, obj)
-
-    def matching_scopes(
-        self, obj: Any, scopes: Sequence[ScopeRequirement]
-    ) -> list[ScopeRequirement]:
-        return []
-
-    def uncovered_quota_scopes(
-        self, limited: Sequence[ScopeRequirement], matched: Sequence[ScopeRequirement]
-    ) -> list[ScopeRequirement]:
-        return []
 
     def usage_stats(
         self, objects: Iterable[Any], resources: Iterable[str], scopes: Sequence[ScopeRequirement]

@@ -70,7 +70,7 @@ def _ports_with_node_ports(ports: Sequence[Any]) -> int:
     return count
 
 
-class ServiceEvaluator:
+class ServiceEvaluator(base.NoScopes):
     """Upstream ``serviceEvaluator``."""
 
     @property
@@ -110,23 +110,6 @@ class ServiceEvaluator:
 
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         return subresource == "" and operation in (Operation.CREATE, Operation.UPDATE)
-
-    def matches_scope(self, scope: ScopeRequirement, obj: Obj) -> bool:
-        """Services fall under no scope (upstream ``MatchesNoScopeFunc``)."""
-        return False
-
-    def matches(self, quota_obj: Obj, obj: Obj) -> bool:
-        return base.matches_quota(self, quota_obj, obj)
-
-    def matching_scopes(
-        self, obj: Obj, scopes: Sequence[ScopeRequirement]
-    ) -> list[ScopeRequirement]:
-        return []
-
-    def uncovered_quota_scopes(
-        self, limited: Sequence[ScopeRequirement], matched: Sequence[ScopeRequirement]
-    ) -> list[ScopeRequirement]:
-        return []
 
     def usage_stats(
         self, objects: Iterable[Obj], resources: Iterable[str], scopes: Sequence[ScopeRequirement]
