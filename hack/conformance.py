@@ -367,10 +367,32 @@ def _run_children(
     return results
 
 
-def _first_lines(text: str, count: int = 12) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    shown = "\n".join(f"      {line}" for line in lines[:count])
-    return shown + (f"\n      ... ({len(lines) - count} more lines)" if len(lines) > count else "")
+def excerpt(message: str, limit: int = 40) -> str:
+    """The telling part of a ginkgo failure, indented for the report.
+
+    A timed-out quota wait prints the whole ResourceQuota (managedFields and all) between its
+    first line and the matcher's phrase ("to have the following .status.used entries: ...");
+    what matters is the first line, the ``used:`` block that was last seen, and the phrase with
+    what was expected. Other failures are shown from the top.
+    """
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    # Gomega's phrase after the object it printed: "to have ...", "to equal ...".
+    phrase = next((i for i, line in enumerate(lines) if i > 0 and line.startswith("to ")), None)
+    if lines and lines[0].startswith("[FAILED] Timed out") and phrase is not None:
+        kept = [lines[0]]
+        used = next((i for i, line in enumerate(lines[:phrase]) if line.strip() == "used:"), None)
+        if used is not None:
+            indent = len(lines[used]) - len(lines[used].lstrip())
+            kept.append("  last status.used:")
+            for line in lines[used + 1 : phrase]:
+                if len(line) - len(line.lstrip()) <= indent:
+                    break
+                kept.append("      " + line.strip())
+        kept.extend(lines[phrase:])
+        lines = kept
+    shown = "\n".join(f"      {line}" for line in lines[:limit])
+    more = len(lines) - limit
+    return shown + (f"\n      ... ({more} more lines)" if more > 0 else "")
 
 
 def report(results: dict[str, ModeResult]) -> int:
@@ -393,7 +415,7 @@ def report(results: dict[str, ModeResult]) -> int:
     for result in results.values():
         failed = [s for s in result.specs.values() if s.state not in (PASSED, "skipped")]
         for spec in failed:
-            print(f"{result.mode} {spec.state}: {short[spec.name]}\n{_first_lines(spec.message)}")
+            print(f"{result.mode} {spec.state}: {short[spec.name]}\n{excerpt(spec.message)}")
     if problems:
         for result in problems:
             print(f"error: the {result.mode} run produced no result: {result.error}")
