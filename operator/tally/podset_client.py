@@ -26,6 +26,7 @@ from typing import Any, Final, cast
 from kubernetes_asyncio import client
 
 from tally import kube
+from tally.errors import Conflict
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
 from tally.workqueue import BucketRateLimiter, Clock
@@ -152,7 +153,13 @@ class KubePodSetClient:
             await self._limiter.wait()
         # The object as read, resourceVersion included: a 409 means it changed meanwhile and
         # the sync is retried from a fresher cache.
-        await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
+        try:
+            await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
+        except client.ApiException as error:
+            if error.status == 409:
+                key = f"{metadata['namespace']}/{metadata['name']}"
+                raise Conflict(f"{key}: {error.reason}") from error
+            raise
 
 
 class KubeEventRecorder:

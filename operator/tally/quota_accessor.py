@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 from tally import kube
 from tally.admission.accessor import UpdatedQuotas
 from tally.cache import Store
-from tally.resourcequota.controller import Conflict
+from tally.errors import Conflict
 
 Obj = Mapping[str, Any]
 

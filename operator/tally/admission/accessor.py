@@ -25,7 +25,7 @@ import collections
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-from tally.resourcequota.controller import Conflict
+from tally.errors import Conflict
 
 __all__ = ["UPDATED_QUOTAS_SIZE", "Conflict", "QuotaAccessor", "UpdatedQuotas", "quota_name"]
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from tally.cache import Change, ChangeKind, Store
+from tally.errors import Conflict
 from tally.podset import claim as claims
 from tally.podset import podutil, ranking, replicas, status
 from tally.podset.expectations import UIDTrackingControllerExpectations
@@ -74,9 +75,9 @@ class PodSetClient(Protocol):
         """An uncached read (the recheck before adopting); None when gone."""
         ...
 
-    async def update_status(
-        self, podset: Mapping[str, Any], new_status: Mapping[str, Any]
-    ) -> None: ...
+    async def update_status(self, podset: Mapping[str, Any], new_status: Mapping[str, Any]) -> None:
+        """Write status with the resourceVersion read; raises ``Conflict`` on 409."""
+        ...
 
 
 class EventRecorder(Protocol):
@@ -182,7 +183,9 @@ class PodSetController:
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
             default_controller_rate_limiter(), name=QUEUE_NAME, metrics_provider=metrics_provider
         )
-        self._pool = WorkerPool(self.queue, self.sync_podset, workers=workers, name=QUEUE_NAME)
+        self._pool = WorkerPool(
+            self.queue, self.sync_podset, workers=workers, name=QUEUE_NAME, expected=(Conflict,)
+        )
 
     # -- lifecycle
 

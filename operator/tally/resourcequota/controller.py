@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol
 
 from tally import resources as quota
 from tally.cache import Store
+from tally.errors import Conflict
 from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.quantity import Quantity
@@ -70,10 +71,6 @@ that is being charged at that very moment."""
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
-
-
-class Conflict(Exception):
-    """The quota changed since it was read (HTTP 409): the sync is retried from the cache."""
 
 
 class QuotaStatusWriter(Protocol):
@@ -170,9 +167,19 @@ class ResourceQuotaController:
             metrics_provider=metrics_provider,
         )
         self._pools = [
-            WorkerPool(self.queue, self._sync_key, workers=workers, name=PRIMARY_QUEUE),
             WorkerPool(
-                self.missing_usage_queue, self._sync_key, workers=workers, name=PRIORITY_QUEUE
+                self.queue,
+                self._sync_key,
+                workers=workers,
+                name=PRIMARY_QUEUE,
+                expected=(Conflict,),
+            ),
+            WorkerPool(
+                self.missing_usage_queue,
+                self._sync_key,
+                workers=workers,
+                name=PRIORITY_QUEUE,
+                expected=(Conflict,),
             ),
         ]
         self._resync_task: asyncio.Task[None] | None = None

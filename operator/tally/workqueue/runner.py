@@ -51,11 +51,14 @@ class WorkerPool(Generic[T]):
         workers: int = 5,
         name: str = "",
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+        expected: tuple[type[Exception], ...] = (),
     ) -> None:
         """Prepare ``workers`` workers that call ``sync(item)`` for every item of ``queue``.
 
         ``sync`` raises to ask for a rate-limited retry; returning means the item is finished
         (errors no retry will fix should be logged and swallowed by ``sync`` itself).
+        Exceptions of the ``expected`` types (e.g. a 409 on a status write, routine under
+        concurrency) are retried the same way but logged in one line, without a traceback.
         """
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -64,6 +67,7 @@ class WorkerPool(Generic[T]):
         self._workers = workers
         self.name = name or queue.name or "workqueue"
         self._log = log if log is not None else logger
+        self._expected = expected
         #: The worker tasks, created by ``start``; they end only when the queue is shut down
         #: and empty, or when ``stop`` cancels them.
         self._tasks: list[asyncio.Task[None]] = []
@@ -97,6 +101,9 @@ class WorkerPool(Generic[T]):
         # processed again (the queue never hands an item out twice at once).
         try:
             await self._sync(item)
+        except self._expected as error:
+            self._log.info("%s: sync of %r: %s; requeuing rate-limited", self.name, item, error)
+            self._queue.add_rate_limited(item)
         except Exception:
             # Re-add rate-limited: one broken item backs off on its own (5 ms doubling up to
             # 1000 s with the default limiter), and the overall bucket keeps a broken

@@ -240,3 +240,29 @@ async def test_start_twice_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="already started"):
         pool.start()
     await pool.stop(grace_period=0.1)
+
+
+class ExpectedError(Exception):
+    pass
+
+
+async def test_expected_errors_are_retried_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Like client-go's HandleError for a conflict: retried rate-limited, logged in one line.
+    queue: rate_limiting.RateLimitingQueue[str] = rate_limiting.RateLimitingQueue(
+        limiters.ItemExponentialFailureRateLimiter(0.001, 1.0)
+    )
+
+    async def sync(item: str) -> None:
+        raise ExpectedError("409: the object has been modified")
+
+    pool = runner.WorkerPool(queue, sync, workers=1, name="t", expected=(ExpectedError,))
+    queue.add("a")
+    with caplog.at_level(logging.INFO):
+        assert await pool.process_next_work_item()
+    assert 1 == queue.num_requeues("a")
+    records = [r for r in caplog.records if "409" in r.getMessage()]
+    assert [logging.INFO] == [r.levelno for r in records]
+    assert records[0].exc_info is None
+    queue.shut_down()
