@@ -25,6 +25,7 @@ import kopf
 from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
+from tally.admission_review import WebhookServer
 from tally.evaluators.base import GroupResource
 from tally.podset import validation
 from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
@@ -59,7 +60,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     await runtime.start()
     if runtime.certificate is not None:
         # Kopf reads this after the start-up handlers and only then starts serving.
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = WebhookServer(
             addr=config.webhook_addr,
             port=config.webhook_port,
             host=config.webhook_host or config.webhook_addr,

@@ -1,0 +1,87 @@
+"""The AdmissionReview boundary: what a request to tally's webhook must look like.
+
+Kopf's webhook server turns only malformed JSON into a 400; a body that is not UTF-8, or JSON
+that is not an AdmissionReview, escapes its handler as a TypeError/KeyError and aiohttp answers
+an opaque "500 Server got itself in trouble". tally's server checks the envelope first, with a
+pydantic model of exactly the fields Kopf and tally read, and answers 400 naming what is wrong.
+A request refused here is never allowed: the API server applies the failure policy (Fail).
+
+What is left to Kopf and tally: the object itself (``object``/``oldObject`` stay free-form;
+evaluators report what they cannot read), and the decision.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import aiohttp.web
+import kopf
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class _Envelope(BaseModel):
+    # The API server owns these objects and adds fields over time: ignore what we don't read.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class RequestResource(_Envelope):
+    group: str
+    version: str
+    resource: str
+
+
+class RequestPayload(_Envelope):
+    uid: str
+    resource: RequestResource
+    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+    userInfo: dict[str, Any]
+    object: dict[str, Any] | None = None
+    oldObject: dict[str, Any] | None = None
+
+
+class AdmissionReview(_Envelope):
+    apiVersion: Literal["admission.k8s.io/v1"]
+    kind: Literal["AdmissionReview"]
+    request: RequestPayload
+
+
+class ReviewError(ValueError):
+    """A request body that is not an AdmissionReview; the message says why."""
+
+
+def parse_review(body: bytes) -> dict[str, Any]:
+    """The JSON of a valid AdmissionReview request, or :class:`ReviewError`."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ReviewError(f"the body is not UTF-8 text: {error.reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ReviewError(f"the body is not JSON: {error}") from None
+    try:
+        AdmissionReview.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise ReviewError(f"not an admission.k8s.io/v1 AdmissionReview: {problems}") from None
+    if data["request"].get("object") is None and data["request"].get("oldObject") is None:
+        raise ReviewError("request.object and request.oldObject are both missing")
+    return dict(data)
+
+
+class WebhookServer(kopf.WebhookServer):
+    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        try:
+            parse_review(await request.read())
+        except ReviewError as error:
+            raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
+        # aiohttp keeps the body, so Kopf reads it again without another network read.
+        response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        return response
