@@ -13,11 +13,15 @@ evaluators report what they cannot read), and the decision.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import aiohttp.web
 import kopf
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tally.admission.attributes import Attributes
+from tally.evaluators.base import GroupResource
 
 
 class _Envelope(BaseModel):
@@ -73,15 +77,63 @@ def parse_review(body: bytes) -> dict[str, Any]:
     return dict(data)
 
 
-class WebhookServer(kopf.WebhookServer):
-    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it."""
+Fallback = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""Answers a whole AdmissionReview (returns the response review)."""
 
-    @staticmethod
-    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+
+def review_response(
+    review: Mapping[str, Any], allowed: bool, message: str = "", code: int = 0
+) -> dict[str, Any]:
+    """An AdmissionReview response for ``review``, shaped as Kopf shapes its own."""
+    response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": allowed}
+    if not allowed:
+        response["status"] = {"message": message, "code": code or 403}
+    return {"apiVersion": review["apiVersion"], "kind": review["kind"], "response": response}
+
+
+def attributes_from_review(review: Mapping[str, Any]) -> Attributes:
+    """Quota admission's view of a (validated) AdmissionReview request."""
+    request = review["request"]
+    resource = request["resource"]
+    return Attributes(
+        namespace=str(request.get("namespace") or ""),
+        name=str(request.get("name") or ""),
+        group_resource=GroupResource(resource["group"], resource["resource"]),
+        subresource=str(request.get("subResource") or ""),
+        operation=str(request["operation"]),
+        obj=request.get("object"),
+        old_obj=request.get("oldObject"),
+        dry_run=bool(request.get("dryRun")),
+    )
+
+
+class WebhookServer(kopf.WebhookServer):
+    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it.
+
+    ``fallbacks`` answer a handler id themselves when Kopf does not know the request's
+    resource yet (404). That happens for a custom resource a quota names right after its CRD
+    appeared: tally widens its webhook rules at once, while Kopf learns about the resource only
+    from its own CRD watch, which can lag. Failing closed there would refuse creates that a
+    quota allows.
+    """
+
+    def __init__(self, *, fallbacks: Mapping[str, Fallback] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fallbacks = dict(fallbacks or {})
+
+    async def _serve(  # type: ignore[override]
+        self, fn: kopf.WebhookFn, request: aiohttp.web.Request
+    ) -> aiohttp.web.Response:
         try:
-            parse_review(await request.read())
+            review = parse_review(await request.read())
         except ReviewError as error:
             raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
-        # aiohttp keeps the body, so Kopf reads it again without another network read.
-        response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        try:
+            # aiohttp keeps the body, so Kopf reads it again without another network read.
+            response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        except aiohttp.web.HTTPNotFound:
+            fallback = self.fallbacks.get(request.match_info.get("id", ""))
+            if fallback is None:
+                raise
+            return aiohttp.web.json_response(await fallback(review))
         return response

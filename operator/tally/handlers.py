@@ -25,7 +25,7 @@ import kopf
 from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
-from tally.admission_review import WebhookServer
+from tally.admission_review import WebhookServer, attributes_from_review, review_response
 from tally.evaluators.base import GroupResource
 from tally.podset import validation
 from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
@@ -60,7 +60,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     await runtime.start()
     if runtime.certificate is not None:
         # Kopf reads this after the start-up handlers and only then starts serving.
+        async def quota_fallback(review: dict[str, Any]) -> dict[str, Any]:
+            try:
+                await runtime.admit(attributes_from_review(review))
+            except AdmissionDenied as denied:
+                return review_response(review, False, denied.message, denied.code)
+            return review_response(review, True)
+
         settings.admission.server = WebhookServer(
+            fallbacks={QUOTA_WEBHOOK_ID: quota_fallback},
             addr=config.webhook_addr,
             port=config.webhook_port,
             host=config.webhook_host or config.webhook_addr,

@@ -257,23 +257,43 @@ async def test_review_without_user_info_or_object_is_refused(
 # (b) an object of an unknown kind
 
 
-async def test_review_for_a_resource_that_does_not_exist_is_a_clear_404(
+async def test_review_for_a_resource_kopf_does_not_know_is_judged_like_any_object_count(
     operator: RunningOperator, api: client.ApiClient, namespace: str
 ) -> None:
+    # Kopf answers 404 for a resource it has not discovered (right after a CRD appears, its
+    # CRD watch may lag tally's webhook rules). tally then judges the request itself, as
+    # upstream's plugin judges any resource: an object count, allowed when no quota names it,
+    # refused past a quota that does.
     webhook = await _webhook(api)
     obj = {
         "apiVersion": "nowhere.tally.dev/v1",
         "kind": "Widget",
-        "metadata": {"name": "w"},
+        "metadata": {"name": "w", "namespace": namespace},
         "spec": {},
     }
     review = _review(
         namespace, obj, group="nowhere.tally.dev", version="v1", resource="widgets", kind="Widget"
     )
-    status, text, body = await webhook.post(json.dumps(review).encode())
-    assert status == 404, text
-    assert "widgets" in text, text
-    assert body is None, text
+    answer = await webhook.review(review)
+    assert answer["allowed"] is True, answer
+
+    # A quota naming it: the resource does not exist, so no usage is ever computed and
+    # admission refuses with upstream's "status unknown" (never a silent allow).
+    core = client.CoreV1Api(api)
+    name = "count/widgets.nowhere.tally.dev"
+    await core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "q"}, "spec": {"hard": {name: "5"}}}
+    )
+
+    async def hard() -> dict[str, Any]:
+        quota = await core.read_namespaced_resource_quota("q", namespace)
+        return dict((api.sanitize_for_serialization(quota).get("status") or {}).get("hard") or {})
+
+    await eventually(hard, until=lambda h: name in h, within=10, what="status.hard")
+    answer = await webhook.review(review)
+    assert answer["allowed"] is False, answer
+    assert answer["status"]["code"] == 403, answer
+    assert answer["status"]["message"] == f"status unknown for quota: q, resources: {name}", answer
     await _still_serving(operator, webhook, namespace)
 
 
