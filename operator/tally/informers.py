@@ -58,7 +58,8 @@ class Informer(Generic[P]):
     ) -> None:
         self.name = name
         self.store = store
-        self._lister = lister
+        self.lister = lister
+        """The LIST used by :meth:`sync` (replaceable: start-up shares one pod LIST)."""
         self._clock = clock
         self._relist_debounce = relist_debounce
         self._min_relist_interval = min_relist_interval
@@ -81,7 +82,7 @@ class Informer(Generic[P]):
         """LIST the kind and reconcile the store with it; dispatch the changes found."""
         started = self._clock()
         self._last_list_started = started
-        items = await self._lister()
+        items = await self.lister()
         changes = self.store.replace(items, started_at=started)
         self._dispatch(changes)
         return changes
