@@ -256,7 +256,7 @@ def build_e2e_test(*, force: bool = False) -> Path:
     ``go test -c k8s.io/kubernetes/test/e2e`` in the same module as the control plane (same
     replaces, same go.sum), ``-tags providerless``; ginkgo at the version k8s.io/kubernetes
     requires. Under the control plane's lock: one Go build at a time per version on this 2-core
-    machine. After the control plane's build (whose packages it shares) ~4 minutes.
+    machine. After the control plane's build (whose packages it shares) ~2 minutes.
     """
     version = kubernetes_version()
     directory = bin_dir(version)
