@@ -97,7 +97,12 @@ def cache_root() -> Path:
 
 
 def bin_dir(version: str | None = None) -> Path:
-    return cache_root() / (version or kubernetes_version())
+    """``<cache>/<version>-<inputs digest>``: one immutable directory per build input.
+
+    Keyed by the digest too, so that two checkouts whose hack/k8s differ (a branch that bumps a
+    module, a CI clone beside a working tree) never overwrite each other's binaries or stamps.
+    """
+    return cache_root() / f"{version or kubernetes_version()}-{_build_inputs_digest()[:12]}"
 
 
 def _build_inputs_digest() -> str:

@@ -91,7 +91,19 @@ def test_failed_build(tmp_path: Path) -> None:
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1
     assert errors[0].startswith("error: building etcd failed (go build exit 1); output in ")
-    version_dir = cache / cluster.kubernetes_version()
+    version_dir = Path(
+        subprocess.run(
+            [sys.executable, str(copy / "cluster.py"), "bin-dir"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TALLY_K8S_CACHE": str(cache)},
+            check=True,
+        ).stdout.strip()
+    )
+    # The failed build's own directory (keyed by the broken inputs) exists, and holds nothing
+    # that looks built.
+    assert version_dir.parent == cache
+    assert version_dir.is_dir()
     assert not (version_dir / "etcd").exists()
     assert not (version_dir / ".inputs").exists()
     assert "etcd/main.go:15:1: syntax error" in Path(errors[0].rsplit(" ", 1)[1]).read_text()
