@@ -1,4 +1,5 @@
-"""Dynamic kinds: watch every resource that quotas count by ``count/<resource>.<group>``.
+"""Dynamic kinds: watch every resource that quotas count by ``count/<resource>.<group>``, or
+measure through a registered evaluator of a kind not watched elsewhere (resource claims).
 
 Upstream's quota controller re-runs API discovery every 30 s (``--resource-quota-sync-period``'s
 sibling, the discovery period in ``resource_quota_controller.go`` ``Sync``) and starts a
@@ -11,8 +12,10 @@ most often nothing — a deliberate difference, for memory). Every ``period`` se
 after :meth:`DynamicKinds.poke` (call it when quotas change), it:
 
 1. computes the group/resources named as ``count/<r>[.<g>]`` in any quota's ``spec.hard`` or
-   ``status.hard`` (:func:`named_resources`), minus the kinds already watched elsewhere (a
-   constructor argument: the core kinds Kopf feeds) and upstream's ignored resources;
+   ``status.hard``, or by a name a registered evaluator of an unwatched kind measures
+   (``gold.deviceclass.resource.k8s.io/devices``; :func:`named_resources`), minus the kinds
+   already watched elsewhere (a constructor argument: the core kinds Kopf feeds) and upstream's
+   ignored resources;
 2. resolves each new one through discovery (:class:`Discovery`: ``/api/v1``, or
    ``/apis/<group>`` for the preferred version then ``/apis/<group>/<version>``): it must
    exist, be namespaced, and support list, watch, create and delete;
@@ -190,13 +193,23 @@ def named_resources(
     *,
     exclude: Collection[GroupResource] = (),
     is_ignored: Callable[[GroupResource], bool] = lambda gr: False,
+    evaluators: Iterable[Evaluator] = (),
 ) -> dict[GroupResource, list[Obj]]:
-    """Group/resources named as ``count/…`` in any quota's ``spec.hard`` or ``status.hard``,
-    each with the quotas naming it (in the order given), minus ``exclude`` and ignored ones.
+    """Group/resources named by any quota's ``spec.hard`` or ``status.hard``, each with the
+    quotas naming it (in the order given), minus ``exclude`` and ignored ones.
+
+    A quota names a resource by ``count/<r>[.<g>]``, or by any name that one of ``evaluators``
+    (the registered ones) measures: ``gold.deviceclass.resource.k8s.io/devices`` names
+    ``resourceclaims.resource.k8s.io``, whose evaluator needs its claims watched.
 
     ``status.hard`` counts too: a quota whose spec dropped a name still shows it in status until
     the controller's next write, and upstream keeps monitoring what status names.
     """
+    candidates = [
+        evaluator
+        for evaluator in evaluators
+        if evaluator.group_resource not in exclude and not is_ignored(evaluator.group_resource)
+    ]
     found: dict[GroupResource, list[Obj]] = {}
     for quota_obj in quotas:
         named: set[GroupResource] = set()
@@ -205,10 +218,14 @@ def named_resources(
             hard = part.get("hard") if isinstance(part, Mapping) else None
             if not isinstance(hard, Mapping):
                 continue
-            for name in hard:
-                gr = group_resource_for_count_name(str(name))
+            names = [str(name) for name in hard]
+            for name in names:
+                gr = group_resource_for_count_name(name)
                 if gr is not None and gr not in exclude and not is_ignored(gr):
                     named.add(gr)
+            for evaluator in candidates:
+                if evaluator.group_resource not in named and evaluator.matching_resources(names):
+                    named.add(evaluator.group_resource)
         for gr in sorted(named):
             found.setdefault(gr, []).append(quota_obj)
     return found
@@ -475,7 +492,10 @@ class DynamicKinds:
         """One pass (module docstring, steps 1-4). ``full`` re-checks every named resource
         through discovery; otherwise only new names are resolved."""
         wanted = named_resources(
-            self._quotas(), exclude=self.watched, is_ignored=self.registry.is_ignored
+            self._quotas(),
+            exclude=self.watched,
+            is_ignored=self.registry.is_ignored,
+            evaluators=self.registry.list(),
         )
         named = frozenset(wanted)
         changed = named != self._named
@@ -626,7 +646,7 @@ class DynamicKinds:
                     await self._recorder.warn(
                         quota_obj,
                         problem.reason,
-                        f"count/ of {gr} is not tracked: {problem.message}",
+                        f"usage of {gr} is not tracked: {problem.message}",
                     )
                 except asyncio.CancelledError:
                     raise

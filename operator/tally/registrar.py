@@ -2,8 +2,9 @@
 
 The configuration is applied once the webhook server answers (registering a fail-closed webhook
 before anything listens would refuse every pod create in the meantime), re-applied whenever the
-set of ``count/…`` resources named by quotas changes, and — in local development only — removed
-on a graceful exit, so that a stopped operator does not leave a dead fail-closed webhook behind.
+set of resources named by quotas (``count/…``, or a name a registered evaluator measures)
+changes, and — in local development only — removed on a graceful exit, so that a stopped
+operator does not leave a dead fail-closed webhook behind.
 In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
 """
 
@@ -20,7 +21,7 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from tally import kube
-from tally.evaluators.base import GroupResource
+from tally.evaluators.base import Evaluator, GroupResource
 from tally.webhook import (
     ServiceReference,
     count_resources,
@@ -52,10 +53,13 @@ class WebhookRegistrar:
         exempt_namespaces: Iterable[str],
         service: ServiceReference | None = None,
         tls_name: str | None = None,
+        evaluators: Callable[[], Iterable[Evaluator]] = tuple,
     ) -> None:
         """``service``: name a Service in the client configs instead of ``url``. ``tls_name``:
         a name the serving certificate holds, to check that the server answers (default: the
-        listen address, which a wildcard listen address like ``0.0.0.0`` is not)."""
+        listen address, which a wildcard listen address like ``0.0.0.0`` is not).
+        ``evaluators``: the registered evaluators, whose names in a quota also call for rules
+        on their kinds (:func:`~tally.webhook.count_resources`)."""
         self._api = api
         self.name = name
         self._url = url
@@ -64,6 +68,7 @@ class WebhookRegistrar:
         self._ca_pem = ca_pem
         self._listen = listen
         self._quotas = quotas
+        self._evaluators = evaluators
         self._failure_policy = failure_policy
         self._exempt = tuple(exempt_namespaces)
         self._applied: set[GroupResource] | None = None
@@ -116,7 +121,7 @@ class WebhookRegistrar:
 
     async def apply(self) -> None:
         """Create or replace the configuration with rules for the current quotas."""
-        extra = count_resources(self._quotas())
+        extra = count_resources(self._quotas(), self._evaluators())
         body = self.body(extra)
         try:
             current = await kube.get_json(self._api, f"{PATH}/{self.name}")
@@ -145,7 +150,7 @@ class WebhookRegistrar:
 
     async def _refresh_rules(self) -> None:
         await asyncio.sleep(REFRESH_DEBOUNCE_S)
-        if count_resources(self._quotas()) != self._applied:
+        if count_resources(self._quotas(), self._evaluators()) != self._applied:
             await self.apply()
             logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
 

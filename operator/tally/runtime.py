@@ -250,6 +250,7 @@ class Runtime:
                 ca_pem=self.certificate.ca_pem,
                 listen=(settings.webhook_addr, settings.webhook_port),
                 quotas=self._all_quotas,
+                evaluators=self.registry.list,
                 failure_policy=settings.webhook_failure_policy,
                 exempt_namespaces=[
                     *DEFAULT_EXEMPT_NAMESPACES,

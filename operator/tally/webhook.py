@@ -6,8 +6,9 @@ would list every resource its handlers match — tally's handler matches everyth
 fail-closed webhook on leases and events would hurt the whole cluster.
 
 The rules cover exactly what a quota can charge: the core kinds with evaluators or legacy object
-counts, plus every ``count/<resource>.<group>`` some quota names. They are recomputed as quotas
-change (:func:`count_resources`). Every webhook's client config points at
+counts, plus every ``count/<resource>.<group>`` some quota names, and every other kind with a
+registered evaluator (resource claims) that measures a name some quota holds. They are
+recomputed as quotas change (:func:`count_resources`). Every webhook's client config points at
 ``<url>/<handler-id>`` — or, in a cluster, at a Service (``service: {namespace, name, port,
 path: /<handler-id>}``; URL client configs naming Service DNS often fail, kopf#1071): a Kopf
 webhook path without a handler id runs no handler and allows everything.
@@ -27,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
-from tally.evaluators.base import GroupResource
+from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.registry import group_resource_for_count_name
 
 QUOTA_WEBHOOK_ID: Final = "quota"
@@ -98,20 +99,29 @@ def parse_service_reference(text: str) -> ServiceReference:
     return ServiceReference(namespace, name, port)
 
 
-def count_resources(quotas: Iterable[Mapping[str, Any]]) -> set[GroupResource]:
-    """Group/resources named by ``count/…`` in any quota's spec or status, besides the core
-    kinds already covered."""
+def count_resources(
+    quotas: Iterable[Mapping[str, Any]], evaluators: Iterable[Evaluator] = ()
+) -> set[GroupResource]:
+    """Group/resources named by any quota's spec or status, besides the core kinds already
+    covered: by ``count/…``, or by a name one of ``evaluators`` (the registered ones) measures
+    (``gold.deviceclass.resource.k8s.io/devices`` names ``resourceclaims.resource.k8s.io``,
+    whose creation admission must charge)."""
     found: set[GroupResource] = set()
     covered = {GroupResource("", r) for r in CORE_RESOURCES}
+    candidates = [e for e in evaluators if e.group_resource not in covered]
     for quota in quotas:
         for section in ("spec", "status"):
             hard = (quota.get(section) or {}).get("hard") or {}
             if not isinstance(hard, Mapping):
                 continue
-            for name in hard:
-                gr = group_resource_for_count_name(str(name))
+            names = [str(name) for name in hard]
+            for name in names:
+                gr = group_resource_for_count_name(name)
                 if gr is not None and gr not in covered:
                     found.add(gr)
+            for evaluator in candidates:
+                if evaluator.group_resource not in found and evaluator.matching_resources(names):
+                    found.add(evaluator.group_resource)
     return found
 
 

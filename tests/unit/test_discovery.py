@@ -42,6 +42,7 @@ ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "up
 WIDGETS = GroupResource("example.com", "widgets")
 GADGETS = GroupResource("example.com", "gadgets")
 DEPLOYMENTS = GroupResource("apps", "deployments")
+CLAIMS = GroupResource("resource.k8s.io", "resourceclaims")
 
 
 def resource_list(group_version: str, *resources: tuple[str, bool, list[str]]) -> dict[str, Any]:
@@ -92,6 +93,12 @@ DOCUMENTS: dict[str, Any] = {
         ("widgets", True, ALL_VERBS),
         ("gadgets", True, ALL_VERBS),
         ("readonlies", True, ["get", "list", "watch"]),
+    ),
+    "/apis/resource.k8s.io": api_group("resource.k8s.io", ["v1", "v1beta2"], "v1"),
+    "/apis/resource.k8s.io/v1": resource_list(
+        "resource.k8s.io/v1",
+        ("resourceclaims", True, ALL_VERBS),
+        ("resourceclaims/status", True, ["get", "patch", "update"]),
     ),
     "/apis/secret.example.com": StatusError(403, "Forbidden"),
     "/apis/flaky.example.com": StatusError(503, "ServiceUnavailable"),
@@ -215,6 +222,24 @@ def test_named_resources_filters(hard: dict[str, str], expected: set[GroupResour
         is_ignored=IGNORED_RESOURCES.__contains__,
     )
     assert expected == set(found)
+
+
+def test_named_resources_by_a_registered_evaluators_names() -> None:
+    # A quota naming only a device class's devices needs resource claims watched: the
+    # registered claim evaluator measures the name. Watched kinds stay excluded (services).
+    registry = new_registry()
+    gold = quota("gold", {"gold.deviceclass.resource.k8s.io/devices": "1"})
+    by_status = quota("s", {}, {"silver.deviceclass.resource.k8s.io/devices": "1"})
+    core = quota("core", {"services.nodeports": "1", "requests.cpu": "1"})
+    found = named_resources(
+        [gold, by_status, core],
+        exclude={GroupResource("", "services"), GroupResource("", "pods")},
+        is_ignored=registry.is_ignored,
+        evaluators=registry.list(),
+    )
+    assert {CLAIMS: [gold, by_status]} == found
+    # Without the evaluators, only count/ names name a resource.
+    assert {} == named_resources([gold], is_ignored=registry.is_ignored)
 
 
 def test_named_resources_tolerates_malformed_quotas() -> None:
@@ -530,3 +555,47 @@ async def test_an_evaluator_registered_by_someone_else_is_used_and_kept() -> Non
     await h.kinds.stop()
     assert h.registry.get(WIDGETS) is theirs
     assert {} == h.stores
+
+
+async def test_a_device_class_name_watches_resource_claims_with_the_claim_evaluator() -> None:
+    # A quota naming only gold.deviceclass.resource.k8s.io/devices: the claims are watched and
+    # counted by the registered claim evaluator (kept when the kind is dropped), not by an
+    # object count.
+    h = Harness(DOCUMENTS)
+    registered = h.registry.get(CLAIMS)
+    assert registered is not None
+    h.quotas = [quota("q", {"gold.deviceclass.resource.k8s.io/devices": "1"})]
+    await h.kinds.refresh()
+    assert {CLAIMS} == h.kinds.active
+    assert "resource.k8s.io/v1/resourceclaims" == str(h.reflector(CLAIMS).source.resource)
+    assert {} == h.stores  # not listed yet
+
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u-c", "resourceVersion": "1"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "r",
+                        "exactly": {
+                            "deviceClassName": "gold",
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    h.reflector(CLAIMS).items = [claim]
+    await h.reflector(CLAIMS).sync()
+    assert [CLAIMS] == h.synced
+    assert h.registry.get(CLAIMS) is registered
+    assert 1 == len(h.stores[CLAIMS])
+    assert [] == h.recorder.events
+
+    h.quotas = []
+    await h.kinds.refresh(full=False)
+    assert frozenset() == h.kinds.active
+    assert {} == h.stores
+    assert h.registry.get(CLAIMS) is registered

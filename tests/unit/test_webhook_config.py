@@ -11,6 +11,7 @@ import pytest
 
 from tally.certs import generate_serving_certificate
 from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import new_registry
 from tally.registrar import WebhookRegistrar
 from tally.settings import Settings, SettingsError
 from tally.webhook import (
@@ -51,6 +52,28 @@ def quota(spec_hard: dict[str, str], status_hard: dict[str, str] | None = None) 
 )
 def test_count_resources(quotas: list[dict[str, Any]], expected: set[GroupResource]) -> None:
     assert count_resources(quotas) == expected
+
+
+def test_count_resources_by_a_registered_evaluators_names() -> None:
+    # Admission must charge claim creation against gold.deviceclass.resource.k8s.io/devices:
+    # the registered claim evaluator measures the name, so claims get a rule. Core kinds'
+    # names (services.nodeports) add nothing: they are covered already.
+    claims = GroupResource("resource.k8s.io", "resourceclaims")
+    evaluators = new_registry().list()
+    gold = quota({"gold.deviceclass.resource.k8s.io/devices": "1"})
+    in_status = quota({}, {"silver.deviceclass.resource.k8s.io/devices": "1"})
+    assert count_resources([gold], evaluators) == {claims}
+    assert count_resources([in_status], evaluators) == {claims}
+    assert count_resources([quota({"services.nodeports": "1", "cpu": "1"})], evaluators) == set()
+    assert count_resources([gold]) == set()  # without evaluators, count/ names only
+    rules = webhook_rules(count_resources([gold], evaluators))
+    assert rules[1] == {
+        "apiGroups": ["resource.k8s.io"],
+        "apiVersions": ["*"],
+        "resources": ["resourceclaims"],
+        "operations": ["CREATE", "UPDATE"],
+        "scope": "Namespaced",
+    }
 
 
 def test_rules_never_include_status_or_everything() -> None:

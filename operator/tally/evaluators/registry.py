@@ -2,11 +2,11 @@
 
 This module owns the map from :class:`GroupResource` to :class:`Evaluator`, as upstream's
 ``pkg/quota/v1/evaluator/core/registry.go`` and ``pkg/quota/v1/install/registry.go`` build it:
-pods, services and persistent volume claims get their own evaluators; ``configmaps``,
-``resourcequotas``, ``replicationcontrollers`` and ``secrets`` get object counting with their
-legacy alias; a fixed set of virtual or never-quota'd resources is ignored. Any other resource
-falls back to object counting (:meth:`Registry.get_or_count`), which is what admission does for
-a resource without an evaluator; PodSet and other modules add their own with
+pods, services, persistent volume claims and resource claims get their own evaluators;
+``configmaps``, ``resourcequotas``, ``replicationcontrollers`` and ``secrets`` get object
+counting with their legacy alias; a fixed set of virtual or never-quota'd resources is ignored.
+Any other resource falls back to object counting (:meth:`Registry.get_or_count`), which is what
+admission does for a resource without an evaluator; PodSet and other modules add their own with
 :meth:`Registry.register`.
 
 It also holds :func:`calculate_usage` (upstream ``quota.CalculateUsage``): the usage for one
@@ -35,6 +35,7 @@ from tally.evaluators.base import (
 from tally.evaluators.generic import LEGACY_OBJECT_COUNT_ALIASES, ObjectCountEvaluator
 from tally.evaluators.pods import PodEvaluator
 from tally.evaluators.pvcs import PersistentVolumeClaimEvaluator
+from tally.evaluators.resourceclaims import ResourceClaimEvaluator
 from tally.evaluators.services import ServiceEvaluator
 from tally.quantity import Quantity
 from tally.resources import ResourceList, ResourceListError, parse_resource_list
@@ -128,6 +129,9 @@ def new_registry(clock: Clock = time.time) -> Registry:
         PodEvaluator(clock),
         ServiceEvaluator(),
         PersistentVolumeClaimEvaluator(),
+        # Upstream adds it when resourceclaims are served and DynamicResourceAllocation is on
+        # (GA); tally always does, and reports a quota naming claims where none are served.
+        ResourceClaimEvaluator(),
     ]
     evaluators.extend(
         ObjectCountEvaluator(gr, alias) for gr, alias in LEGACY_OBJECT_COUNT_ALIASES.items()

@@ -284,6 +284,13 @@ class ResourceQuotaController:
         except UsageError as failed:
             # Keep going with what the other evaluators computed; report the error after.
             error, new_usage = failed, failed.usage
+        # A registered evaluator whose kind has no store yet (resource claims, watched by the
+        # dynamic kinds, before their first LIST) has measured nothing: its names keep their
+        # last observation rather than a 0 computed from no objects.
+        for evaluator in self.registry.list():
+            if evaluator.group_resource not in self.stores:
+                for name in evaluator.matching_resources(hard):
+                    new_usage.pop(name, None)
         # Values the evaluators could not compute keep their last observation.
         used.update(new_usage)
         used = quota.mask(used, hard)

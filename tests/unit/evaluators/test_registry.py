@@ -39,6 +39,8 @@ def test_core_registry() -> None:
         "resourcequotas",
         "secrets",
         "services",
+        # upstream core.NewEvaluators: with DynamicResourceAllocation on (GA)
+        "resourceclaims.resource.k8s.io",
     ]
     assert isinstance(registry.get(PODS), PodEvaluator)
     # legacy aliases (spec 1.0): both "secrets" and "count/secrets"

@@ -927,3 +927,30 @@ async def test_reservation_grace(
     else:
         # Looked at again once the grace is over, not dropped.
         assert [(("testing", "quota"), pytest.approx(0.8))] == delayed
+
+
+async def test_a_kind_without_a_store_keeps_its_last_observation() -> None:
+    # tally: resource claims have a registered evaluator, but their store exists only once the
+    # dynamic kinds listed them. Until then their names keep what status says (nothing, for a
+    # new quota) instead of a 0 computed from no claims; the other names are computed.
+    claims = GroupResource("resource.k8s.io", "resourceclaims")
+    gold = "gold.deviceclass.resource.k8s.io/devices"
+    hard = {"pods": "5", "count/resourceclaims.resource.k8s.io": "2", gold: "2"}
+    quota_obj = resource_quota(hard)
+    controller, writer = new_controller([quota_obj], {PODS: new_test_pods()})
+    await controller.sync_resource_quota(quota_obj)
+    assert 1 == len(writer.writes)
+    assert {"pods": "2"} == dict(writer.writes[0][1]["used"])
+
+    observed = {"pods": "2", "count/resourceclaims.resource.k8s.io": "1", gold: "1"}
+    known = {**quota_obj, "status": {"hard": hard, "used": observed}}
+    controller, writer = new_controller([known], {PODS: new_test_pods()})
+    await controller.sync_resource_quota(known)
+    assert [] == writer.writes  # nothing new to say
+
+    # Once listed, the claims are counted (none here).
+    controller, writer = new_controller([known], {PODS: new_test_pods(), claims: []})
+    await controller.sync_resource_quota(known)
+    assert 1 == len(writer.writes)
+    used = dict(writer.writes[0][1]["used"])
+    assert {"pods": "2", "count/resourceclaims.resource.k8s.io": "0", gold: "0"} == used
