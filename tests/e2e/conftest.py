@@ -30,13 +30,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, config
+from operator_process import WEBHOOK_CONFIGURATION, webhook_ports
 
 import cluster
 from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_account
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_START_TIMEOUT_S = 60.0
-WEBHOOK_CONFIGURATION = "validatingwebhookconfiguration/tally.dev"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -126,12 +126,13 @@ def operator(
     liveness_url = f"http://127.0.0.1:{port}/healthz"
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     metrics_port = cluster.free_port()
+    webhook_port = cluster.free_port()
     env = {
         **os.environ,
         "KUBECONFIG": str(control_plane.kubeconfig),
         "TALLY_METRICS_ADDR": "127.0.0.1",
         "TALLY_METRICS_PORT": str(metrics_port),
-        "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
+        "TALLY_WEBHOOK_PORT": str(webhook_port),
     }
     command = [
         sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
@@ -158,8 +159,11 @@ def operator(
                     f"the operator's liveness endpoint never answered:\n{running.log_text()}"
                 )
             time.sleep(0.2)
-        # Admission is on only once tally registered its webhook configuration.
-        while control_plane.kubectl("get", WEBHOOK_CONFIGURATION, check=False).returncode != 0:
+        # Admission is on only once tally's webhook configuration points at this process (a
+        # killed tally may have left one behind that points at a dead port).
+        while webhook_ports(
+            control_plane.bin_dir, control_plane.kubeconfig, WEBHOOK_CONFIGURATION
+        ) != {webhook_port}:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the operator never registered its webhook:\n{running.log_text()}")
             time.sleep(0.2)

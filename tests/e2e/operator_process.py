@@ -14,11 +14,13 @@ default ``TALLY_WEBHOOK_REMOVE_ON_EXIT=true``), so while tally is down creates a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +31,31 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 WEBHOOK_CONFIGURATION = "validatingwebhookconfiguration/tally.dev"
+
+
+def webhook_ports(bin_dir: Path, kubeconfig: Path, configuration: str) -> set[int] | None:
+    """The ports a webhook configuration sends reviews to; None when it does not exist.
+
+    A tally that was killed (or told to keep its configuration on exit) leaves its
+    configuration behind, pointing at a port nobody serves any more: a new tally is ready
+    only once the configuration points at *its* port, not merely once one exists.
+    """
+    result = subprocess.run(
+        [str(bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", "get", configuration, "-ojson"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    if result.returncode != 0:
+        return None
+    ports: set[int] = set()
+    for webhook in json.loads(result.stdout).get("webhooks") or []:
+        client_config = webhook.get("clientConfig") or {}
+        if "url" in client_config:
+            ports.add(urllib.parse.urlsplit(client_config["url"]).port or 443)
+        else:
+            ports.add(int((client_config.get("service") or {}).get("port", 443)))
+    return ports
 
 
 class OperatorError(RuntimeError):
@@ -57,6 +84,7 @@ class TallyProcess:
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_url = ""
+        self.webhook_port = 0
         self.starts = 0
 
     # -- observing
@@ -72,24 +100,25 @@ class TallyProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def webhook_configuration(self) -> str:
+        name = self.extra_env.get("TALLY_WEBHOOK_CONFIG_NAME")
+        return f"validatingwebhookconfiguration/{name}" if name else WEBHOOK_CONFIGURATION
+
     def webhook_registered(self) -> bool:
-        result = subprocess.run(
-            [
-                str(self.bin_dir / "kubectl"),
-                f"--kubeconfig={self.admin_kubeconfig}",
-                "get",
-                WEBHOOK_CONFIGURATION,
-            ],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-        return result.returncode == 0
+        """Whether tally's webhook configuration exists (whichever process registered it)."""
+        ports = webhook_ports(self.bin_dir, self.admin_kubeconfig, self.webhook_configuration)
+        return ports is not None
+
+    def webhook_serving(self) -> bool:
+        """Whether the configuration sends every review to this process's webhook port."""
+        ports = webhook_ports(self.bin_dir, self.admin_kubeconfig, self.webhook_configuration)
+        return ports == {self.webhook_port}
 
     # -- lifecycle
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Start tally and return once it is live and its webhook configuration exists."""
+        """Start tally; return once it is live and its webhook configuration points at it."""
         if self.running:
             raise OperatorError("tally is already running")
         port = cluster.free_port()
@@ -104,6 +133,7 @@ class TallyProcess:
             "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
             **self.extra_env,
         }
+        self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])
         command = [
             sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
             "--all-namespaces", "--standalone", f"--liveness={liveness_url}",
@@ -119,7 +149,7 @@ class TallyProcess:
             self._check_alive_before(deadline, "its liveness endpoint never answered")
             time.sleep(0.2)
         # Admission is on only once tally registered its webhook configuration.
-        while not self.webhook_registered():
+        while not self.webhook_serving():
             self._check_alive_before(deadline, "it never registered its webhook")
             time.sleep(0.2)
 

@@ -80,14 +80,6 @@ class SaTally(TallyProcess):
                 "TALLY_WEBHOOK_REMOVE_ON_EXIT": "false",
             },
         )
-        self._plane = plane
-        self._webhook_name = installed.webhook_name
-
-    def webhook_registered(self) -> bool:
-        result = self._plane.kubectl(
-            "get", f"validatingwebhookconfiguration/{self._webhook_name}", check=False
-        )
-        return result.returncode == 0
 
 
 def _kubectl_k(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
