@@ -41,6 +41,7 @@ from _common import (
     api_client,
     cluster,
     control_plane,
+    cpu_seconds,
     machine,
     operator_process,
     percentile,
@@ -56,9 +57,12 @@ WAIT_S = 60.0
 
 
 class Side:
-    def __init__(self, label: str, api: client.ApiClient) -> None:
+    def __init__(self, label: str, api: client.ApiClient, pids: dict[str, int]) -> None:
         self.label = label
         self.api = api
+        self.pids = pids
+        """The processes that serve this side, whose CPU time the measured blocks count."""
+        self.cpu_s: dict[str, float] = dict.fromkeys(pids, 0.0)
         self.raw = Raw(api)
         self.latencies: list[float] = []
         self.busy_s = 0.0
@@ -130,12 +134,15 @@ class Side:
                 if record:
                     self.latencies.append(time.perf_counter() - started)
 
+        cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         started = time.perf_counter()
         async with asyncio.TaskGroup() as group:
             for _ in range(clients):
                 group.create_task(one_client())
         if record:
             self.busy_s += time.perf_counter() - started
+            for name, pid in self.pids.items():
+                self.cpu_s[name] += cpu_seconds(pid) - cpu_before[name]
 
     async def charged_pods(self) -> int:
         """The quota's ``status.used.pods`` as it stands."""
@@ -145,10 +152,21 @@ class Side:
 
 
 async def measure(
-    reference: cluster.State, operator: cluster.State, creates: int, clients: int, blocks: int
+    reference: cluster.State,
+    operator: cluster.State,
+    tally_pid: int,
+    creates: int,
+    clients: int,
+    blocks: int,
 ) -> tuple[Side, Side]:
-    upstream = Side("upstream", await api_client(reference.kubeconfig, pool=clients + 10))
-    tally = Side("tally", await api_client(operator.kubeconfig, pool=clients + 10))
+    upstream = Side(
+        "upstream", await api_client(reference.kubeconfig, pool=clients + 10), reference.pids
+    )
+    tally = Side(
+        "tally",
+        await api_client(operator.kubeconfig, pool=clients + 10),
+        {**operator.pids, "tally": tally_pid},
+    )
     sides = (upstream, tally)
     try:
         await asyncio.gather(*(side.prepare() for side in sides))
@@ -225,6 +243,13 @@ def report(
               f"batch {metrics['tally_admission_batch_size_sum'] / batches:.1f}, "
               f"{metrics.get('tally_admission_write_conflicts_total', 0):.0f} write conflicts, "
               f"{metrics.get('tally_admission_retries_total', 0):.0f} retries")  # fmt: skip
+    # On a shared 2-core machine a side is as fast as the CPU its processes need per create.
+    for side in (upstream, tally):
+        per_create = {
+            name: seconds / len(side.latencies) * 1000 for name, seconds in side.cpu_s.items()
+        }
+        parts = ", ".join(f"{name} {value:.2f}" for name, value in per_create.items())
+        print(f"{side.label} CPU per create: {sum(per_create.values()):.2f} ms ({parts})")
     ok = True
     for side in (upstream, tally):
         charged = side.charged
@@ -244,23 +269,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--creates", type=int, default=1000, help="measured creates per side")
     parser.add_argument("--clients", type=int, default=20, help="concurrent clients")
     parser.add_argument("--blocks", type=int, default=4, help="alternating blocks per side")
+    parser.add_argument(
+        "--profile", type=Path, help="run tally under cProfile and write its profile here"
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         print("starting the reference and operator control planes ...", file=sys.stderr)
         reference = stack.enter_context(control_plane("reference"))
         operator = stack.enter_context(control_plane("operator"))
         log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tally.log"
+        profile = ("-m", "cProfile", "-o", str(args.profile.resolve())) if args.profile else ()
         tally_process = operator_process.TallyProcess(
-            Path(operator.kubeconfig), log, bin_dir=Path(operator.bin_dir)
+            Path(operator.kubeconfig), log, bin_dir=Path(operator.bin_dir), interpreter_args=profile
         )
         stack.callback(tally_process.kill)
         tally_process.start()
+        assert tally_process.process is not None
+        tally_pid = tally_process.process.pid
         print("measuring ...", file=sys.stderr)
         upstream, tally = asyncio.run(
-            measure(reference, operator, args.creates, args.clients, args.blocks)
+            measure(reference, operator, tally_pid, args.creates, args.clients, args.blocks)
         )
         metrics = tally_metrics(tally_process.metrics_url)
         ok = report(upstream, tally, args.creates, args.clients, args.blocks, metrics)
+        if args.profile:
+            tally_process.stop()  # graceful: cProfile writes the profile on exit
+            print(f"tally's profile: {args.profile}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -35,12 +35,35 @@ from tally.webhook import PODSET_WEBHOOK_ID, QUOTA_WEBHOOK_ID
 logger = logging.getLogger(__name__)
 
 
+class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """Kopf's diff base, turned off: tally has no change handlers (create/update/resume/field).
+
+    For every watch event Kopf builds the object's "essence" (a deep copy minus system
+    fields) and diffs it against the last handled one, but only change handlers read that
+    diff; on.event handlers do not. Measured under bench/admission.py, the deep copies were
+    the largest single cost of a pod event in tally. ``fetch``/``build`` return None, for
+    which Kopf skips the progress cleaning and computes an empty diff; ``store`` (called only
+    after change handlers) refuses, so a change handler added later fails loudly instead of
+    seeing no changes. ``tests/unit/test_handlers.py`` checks that none is registered.
+    """
+
+    def build(self, **_: Any) -> Any:
+        return None
+
+    def fetch(self, **_: Any) -> Any:
+        return None
+
+    def store(self, **_: Any) -> None:
+        raise RuntimeError("tally registers no change handlers; Kopf's diff base is off")
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # One replica, no Kopf peering: peering is not leader election (no lease, no fencing).
     settings.peering.standalone = True
     # Kopf's own per-handler events would be posted onto objects tally does not own.
     settings.posting.enabled = False
+    settings.persistence.diffbase_storage = NoEssenceDiffBase()
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise

@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import cluster
@@ -76,8 +76,12 @@ class TallyProcess:
         admin_kubeconfig: Path | None = None,
         bin_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
+        interpreter_args: Sequence[str] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
+        # Between ``python`` and ``-m kopf``: ``-m cProfile -o FILE`` profiles tally (the
+        # profile is written on a graceful stop).
+        self.interpreter_args = tuple(interpreter_args)
         self.admin_kubeconfig = admin_kubeconfig or kubeconfig
         self.bin_dir = bin_dir or cluster.ensure_binaries()
         self.log = log
@@ -135,7 +139,8 @@ class TallyProcess:
         }
         self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])
         command = [
-            sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
+            sys.executable, *self.interpreter_args,
+            "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
             "--all-namespaces", "--standalone", f"--liveness={liveness_url}",
         ]  # fmt: skip
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,28 @@
+"""tally.handlers: the Kopf registrations that NoEssenceDiffBase relies on."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+import tally.handlers as handlers
+
+pytestmark = pytest.mark.unit
+
+
+def test_no_change_or_spawning_handlers_are_registered() -> None:
+    # Kopf's diff base is switched off (NoEssenceDiffBase): a create/update/resume/field
+    # handler or a daemon/timer would see no changes, so none may exist.
+    registry = kopf.get_default_registry()
+    assert registry._watching.get_all_handlers()
+    assert not registry._changing.get_all_handlers()
+    assert not registry._spawning.get_all_handlers()
+
+
+def test_the_diff_base_builds_nothing_and_refuses_to_store() -> None:
+    storage = handlers.NoEssenceDiffBase()
+    body = kopf.Body({"metadata": {"name": "p"}, "spec": {"a": 1}})
+    assert storage.build(body=body) is None
+    assert storage.fetch(body=body) is None
+    with pytest.raises(RuntimeError, match="no change handlers"):
+        storage.store(body=body, patch=kopf.Patch(), essence=kopf.BodyEssence())
