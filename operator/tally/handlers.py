@@ -64,6 +64,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Kopf's own per-handler events would be posted onto objects tally does not own.
     settings.posting.enabled = False
     settings.persistence.diffbase_storage = NoEssenceDiffBase()
+    # Memory at scale (bench/scale.py, 10 000 pods): Kopf's initial LIST in pages rather than
+    # one response, and per-object workers that exit soon after their last event — an idle
+    # worker holds that event's whole body for idle_timeout (5 s by default), so the initial
+    # listing kept thousands of raw bodies alive at once.
+    settings.watching.chunk_size = 500
+    settings.queueing.idle_timeout = 0.5
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise

@@ -4,8 +4,10 @@ Upstream controllers read from informers (reflector → store → handlers). Her
 is Kopf's (``@kopf.on.event`` handlers call :meth:`Informer.on_event`), and this module adds
 what Kopf does not give a plain event handler:
 
-* **a synced point** — :meth:`Informer.sync` LISTs the kind itself and replaces the store; the
-  controllers start their workers only after every informer synced (``WaitForCacheSync``);
+* **a synced point** — :meth:`Informer.sync` LISTs the kind itself and replaces the store,
+  page by page (only one page of raw objects is held at a time); the controllers start their
+  workers only after every informer synced (``WaitForCacheSync``). Informers of one kind can
+  share one LIST (:meth:`Informer.begin_sync` for each, fed the same pages);
 * **no ghosts** — when Kopf re-lists after a watch gap (its events then arrive with type
   ``None``) it never reports the objects deleted during the gap. Seeing such an event after the
   first sync, the informer schedules a LIST of its own and reconciles the store against it
@@ -14,8 +16,8 @@ what Kopf does not give a plain event handler:
 Handlers receive :class:`tally.cache.Change` values: ``old is None`` for an add, ``new is None``
 for a delete, both set for an update. They must be quick and must not await.
 
-No Kopf import here: the lister is a coroutine function passed in, so the logic is testable
-with plain data.
+No Kopf import here: the lister is an async generator function (one item per LIST page) passed
+in, so the logic is testable with plain data.
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
-from tally.cache import Change, Store
+from tally.cache import Change, Replacement, Store
 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P")
 Obj = Mapping[str, Any]
 Handler = Callable[[Change[P]], None]
+Lister = Callable[[], AsyncIterator[Iterable[Obj]]]
+"""A LIST of the kind, one page at a time."""
 
 RELIST_DEBOUNCE_S: Final = 2.0
 """Kopf's re-list delivers every object as one burst; reconcile once after it settles."""
@@ -50,7 +54,7 @@ class Informer(Generic[P]):
         self,
         name: str,
         store: Store[P],
-        lister: Callable[[], Awaitable[Iterable[Obj]]],
+        lister: Lister,
         *,
         clock: Callable[[], float] = time.monotonic,
         relist_debounce: float = RELIST_DEBOUNCE_S,
@@ -59,7 +63,7 @@ class Informer(Generic[P]):
         self.name = name
         self.store = store
         self.lister = lister
-        """The LIST used by :meth:`sync` (replaceable: start-up shares one pod LIST)."""
+        """The LIST used by :meth:`sync`."""
         self._clock = clock
         self._relist_debounce = relist_debounce
         self._min_relist_interval = min_relist_interval
@@ -80,12 +84,17 @@ class Informer(Generic[P]):
 
     async def sync(self) -> list[Change[P]]:
         """LIST the kind and reconcile the store with it; dispatch the changes found."""
+        listing = self.begin_sync()
+        async for page in self.lister():
+            listing.add(page)
+        return listing.finish()
+
+    def begin_sync(self) -> ListSync[P]:
+        """A LIST starting now, whose pages the caller feeds (:meth:`sync` does, from the
+        informer's own lister; start-up feeds one pod LIST to two informers)."""
         started = self._clock()
         self._last_list_started = started
-        items = await self.lister()
-        changes = self.store.replace(items, started_at=started)
-        self._dispatch(changes)
-        return changes
+        return ListSync(self, self.store.begin_replace(started))
 
     # -- events
 
@@ -140,3 +149,25 @@ class Informer(Generic[P]):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class ListSync(Generic[P]):
+    """One LIST applied to an informer's store page by page, each page's changes dispatched
+    at once (before the next page is awaited, so never after a newer event's)."""
+
+    def __init__(self, informer: Informer[P], replacement: Replacement[P]) -> None:
+        self._informer = informer
+        self._replacement = replacement
+        self.changes: list[Change[P]] = []
+
+    def add(self, page: Iterable[Obj]) -> None:
+        changes = self._replacement.add(page)
+        self.changes.extend(changes)
+        self._informer._dispatch(changes)
+
+    def finish(self) -> list[Change[P]]:
+        """The LIST is complete: ghosts removed and dispatched; returns every change."""
+        changes = self._replacement.finish()
+        self.changes.extend(changes)
+        self._informer._dispatch(changes)
+        return self.changes

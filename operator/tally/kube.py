@@ -7,7 +7,7 @@ kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from kubernetes_asyncio import client, config
@@ -82,7 +82,7 @@ def collection_path(group: str, version: str, plural: str, namespace: str | None
     return f"{prefix}/{plural}"
 
 
-async def list_objects(
+async def list_pages(
     api: client.ApiClient,
     group: str,
     version: str,
@@ -90,18 +90,18 @@ async def list_objects(
     *,
     namespace: str | None = None,
     page_size: int = 500,
-) -> list[dict[str, Any]]:
-    """Every object of a kind in all namespaces (or one), read in pages (a LIST of 10 000 pods
-    in one response would hold the API server's and our memory at once)."""
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every object of a kind in all namespaces (or one), one LIST page at a time: a LIST of
+    10 000 pods in one response, or all pages held at once, would hold the API server's and
+    our memory for all of them."""
     path = collection_path(group, version, plural, namespace)
-    items: list[dict[str, Any]] = []
     token = ""
     while True:
         query = [("limit", str(page_size))]
         if token:
             query.append(("continue", token))
         page = await get_json(api, path, query)
-        items.extend(page.get("items") or [])
+        yield list(page.get("items") or [])
         token = (page.get("metadata") or {}).get("continue") or ""
         if not token:
-            return items
+            return

@@ -50,7 +50,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
@@ -342,22 +342,22 @@ class Reflector:
         except Exception:
             logger.exception("%s: callback %r failed", self.name, callback)
 
-    async def _list(self) -> list[Obj]:
+    async def _list(self) -> AsyncIterator[list[Obj]]:
         """Every object, page by page (the informer's lister); keeps the resourceVersion.
 
         A continue token that expires mid-way raises 410, which the caller turns into a fresh
         LIST from the first page.
         """
-        items: list[Obj] = []
         token = ""
         while True:
             page = await self._source.list_page(token, self._page_size)
-            items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
             token = str(metadata.get("continue") or "")
             if not token:
                 self._listed_version = str(metadata.get("resourceVersion") or "")
-                return items
+            yield list(page.get("items") or [])
+            if not token:
+                return
 
 
 def _random_watch_timeout() -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -82,11 +82,8 @@ class Runtime:
         # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle),
         # fed by the same pod events as the quota view.
         self.pod_views: Informer[Any] = Informer(
-            "pods(podset)", Store(pod_view, name="pods(podset)"), self._pod_view_lister()
+            "pods(podset)", Store(pod_view, name="pods(podset)"), self._lister(PODS)
         )
-        # At start-up both pod stores are filled from one LIST (10 000 pods held twice as JSON
-        # is ~130 MB more peak memory); later re-lists of either are their own.
-        self._shared_pod_list: list[Mapping[str, Any]] | None = None
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         self.accessor = KubeQuotaAccessor(self.quotas, api)
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
@@ -144,37 +141,24 @@ class Runtime:
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
 
-    def _pod_view_lister(self) -> Any:
-        list_pods = self._lister(PODS)
-
-        async def list_pod_views() -> Iterable[Mapping[str, Any]]:
-            shared, self._shared_pod_list = self._shared_pod_list, None
-            return shared if shared is not None else await list_pods()
-
-        return list_pod_views
-
     def _lister(self, gr: GroupResource) -> Any:
         version = podset_client.VERSION if gr == PODSETS else "v1"
 
-        namespaces = sorted(self.settings.watched_namespaces)
+        # None: all namespaces at once.
+        namespaces: list[str | None] = [*sorted(self.settings.watched_namespaces)] or [None]
 
-        async def list_kind() -> list[dict[str, Any]]:
+        async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
             try:
-                if not namespaces:
-                    return await kube.list_objects(self.api, gr.group, version, gr.resource)
-                items: list[dict[str, Any]] = []
                 for namespace in namespaces:
-                    items.extend(
-                        await kube.list_objects(
-                            self.api, gr.group, version, gr.resource, namespace=namespace
-                        )
-                    )
-                return items
+                    async for page in kube.list_pages(
+                        self.api, gr.group, version, gr.resource, namespace=namespace
+                    ):
+                        yield page
             except client.ApiException as error:
                 if error.status == 404 and gr == PODSETS:
                     # The CRD is not installed (yet): no PodSets. Kopf starts watching them
                     # when it appears, and those events fill the store.
-                    return []
+                    return
                 raise
 
         return list_kind
@@ -211,20 +195,10 @@ class Runtime:
                 settings.metrics_addr, settings.metrics_port
             )
         # The synced point: every kind listed once before any worker reads the caches.
-        pods = self.informers[PODS]
-        list_pods = pods.lister
-
-        async def list_and_share() -> list[Mapping[str, Any]]:
-            self._shared_pod_list = list(await list_pods())
-            return self._shared_pod_list
-
-        pods.lister = list_and_share
-        try:
-            await asyncio.gather(*(informer.sync() for informer in self.informers.values()))
-        finally:
-            pods.lister = list_pods
-        await self.pod_views.sync()  # from the shared list
-        self._shared_pod_list = None
+        await asyncio.gather(
+            *(informer.sync() for gr, informer in self.informers.items() if gr != PODS),
+            self._sync_pods(),
+        )
         self.controller.start()
         self.dynamic.start()
         self.podset_controller.start()
@@ -260,6 +234,16 @@ class Runtime:
             # Registers once Kopf's webhook server (started after the start-up handlers)
             # answers.
             self.registrar.start()
+
+    async def _sync_pods(self) -> None:
+        """Both pod stores (quota's and the PodSet controller's) from one paged LIST; later
+        re-lists of either are their own."""
+        quota_view, podset_view = self.informers[PODS].begin_sync(), self.pod_views.begin_sync()
+        async for page in self.informers[PODS].lister():
+            quota_view.add(page)
+            podset_view.add(page)
+        quota_view.finish()
+        podset_view.finish()
 
     def _count_kind_synced(self, gr: GroupResource) -> None:
         """A ``count/`` kind's cache is ready: recalculate the quotas that name it."""

@@ -195,3 +195,56 @@ def test_changes_say_what_happened_even_when_projections_are_none(clock: FakeClo
         ChangeKind.UPDATED,
         ChangeKind.DELETED,
     ]
+
+
+# -- a LIST applied page by page (begin_replace)
+
+
+def test_a_paged_replace_equals_a_whole_one(clock: FakeClock) -> None:
+    whole: Store[str] = Store(project, clock=clock)
+    paged: Store[str] = Store(project, clock=clock)
+    for s in (whole, paged):
+        s.replace([obj("p", "1"), obj("ghost", "1")], started_at=clock.now)
+    clock.now += 10
+    listed = [obj("p", "2"), obj("q", "1"), obj("r", "1", ns="b")]
+    expected = whole.replace(listed, started_at=clock.now)
+
+    replacement = paged.begin_replace(clock.now)
+    changes = [*replacement.add(listed[:2]), *replacement.add(listed[2:])]
+    changes += replacement.finish()
+    assert changes == expected
+    assert {ns: sorted(paged.in_namespace(ns)) for ns in paged.namespaces()} == {
+        "a": ["p@2", "q@1"],
+        "b": ["r@1"],
+    }
+
+
+def test_ghosts_go_and_the_store_is_synced_only_when_the_list_is_finished(
+    store: Store[str], clock: FakeClock
+) -> None:
+    store.upsert(obj("ghost", "1"))
+    clock.now += 1
+    replacement = store.begin_replace(clock.now)
+    assert replacement.add([obj("p", "1")]) == [Change("a", "p", None, "p@1", ChangeKind.ADDED)]
+    # A page does not say what the next pages hold: the ghost stays until the end.
+    assert store.get("a", "ghost") == "ghost@1"
+    assert not store.synced
+    assert replacement.finish() == [Change("a", "ghost", "ghost@1", None, ChangeKind.DELETED)]
+    assert store.synced
+    with pytest.raises(RuntimeError, match="already finished"):
+        replacement.add([obj("q", "1")])
+
+
+def test_events_between_pages_win_over_later_pages(store: Store[str], clock: FakeClock) -> None:
+    store.replace([obj("p", "1"), obj("q", "1")], started_at=clock.now)
+    clock.now += 10
+    replacement = store.begin_replace(clock.now)
+    replacement.add([obj("p", "1")])
+    clock.now += 1
+    # Between the pages: q updated and r deleted by watch events, both newer than the LIST.
+    store.upsert(obj("q", "5"))
+    store.upsert(obj("r", "3"))
+    store.delete(obj("r", "4"))
+    assert replacement.add([obj("q", "1"), obj("r", "2")]) == []
+    assert replacement.finish() == []
+    assert sorted(store.in_namespace("a")) == ["p@1", "q@5"]

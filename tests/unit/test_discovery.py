@@ -8,7 +8,7 @@ discovery GETs with a dict of documents.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
@@ -339,8 +339,8 @@ class StubReflector:
         self.running = False
         self.items: list[Obj] = []
 
-    async def _list(self) -> list[Obj]:
-        return self.items
+    async def _list(self) -> AsyncIterator[list[Obj]]:
+        yield self.items
 
     def start(self) -> None:
         self.running = True

@@ -1,0 +1,91 @@
+"""tally.informers.Informer: a LIST applied page by page, each page dispatched at once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tally.cache import Change, ChangeKind, Store
+from tally.informers import Informer
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "a", "uid": f"u-{name}", "resourceVersion": rv}}
+
+
+def project(o: Any) -> str:
+    return f"{o['metadata']['name']}@{o['metadata']['resourceVersion']}"
+
+
+async def test_sync_dispatches_each_page_before_the_next_is_listed() -> None:
+    seen: list[tuple[str, ChangeKind]] = []
+    pages_listed = 0
+    informer: Informer[str] | None = None
+
+    async def lister() -> AsyncIterator[list[dict[str, Any]]]:
+        nonlocal pages_listed
+        pages_listed += 1
+        yield [pod("p", "1")]
+        # The first page's change was handled before the second page is asked for.
+        assert seen == [("p@1", ChangeKind.ADDED)]
+        # A watch event between pages: newer than the LIST, so the second page's q@1 loses.
+        assert informer is not None
+        informer.on_event("ADDED", pod("q", "9"))
+        pages_listed += 1
+        yield [pod("q", "1")]
+
+    store: Store[str] = Store(project)
+    store.upsert(pod("ghost", "1"))
+    informer = Informer("pods", store, lister)
+    informer.add_handler(lambda change: seen.append((str(change.new or change.old), change.kind)))
+    changes = await informer.sync()
+    assert pages_listed == 2
+    assert seen == [
+        ("p@1", ChangeKind.ADDED),
+        ("q@9", ChangeKind.ADDED),
+        ("ghost@1", ChangeKind.DELETED),
+    ]
+    # What sync returns is the LIST's own effect (the event's change went out as it came).
+    assert changes == [
+        Change("a", "p", None, "p@1", ChangeKind.ADDED),
+        Change("a", "ghost", "ghost@1", None, ChangeKind.DELETED),
+    ]
+    assert store.synced
+
+
+async def test_two_informers_fed_from_one_list() -> None:
+    async def never() -> AsyncIterator[list[dict[str, Any]]]:
+        raise AssertionError("the shared LIST is fed by the caller")
+        yield []
+
+    first = Informer("a", Store(project), never)
+    second = Informer("b", Store(lambda o: o["metadata"]["name"]), never)
+    syncs = first.begin_sync(), second.begin_sync()
+    for page in ([pod("p", "1")], [pod("q", "2")]):
+        for sync in syncs:
+            sync.add(page)
+    for sync in syncs:
+        sync.finish()
+    assert sorted(first.store.in_namespace("a")) == ["p@1", "q@2"]
+    assert sorted(second.store.in_namespace("a")) == ["p", "q"]
+    assert first.synced
+    assert second.synced
+
+
+async def test_a_list_failing_mid_way_keeps_its_pages_and_does_not_sync() -> None:
+    async def failing() -> AsyncIterator[list[dict[str, Any]]]:
+        yield [pod("p", "1")]
+        raise ConnectionError("the API server went away")
+
+    store: Store[str] = Store(project)
+    store.upsert(pod("maybe-ghost", "1"))
+    informer = Informer("pods", store, failing)
+    with pytest.raises(ConnectionError):
+        await informer.sync()
+    assert not store.synced
+    # Without the whole list nothing can be called a ghost.
+    assert sorted(store.in_namespace("a")) == ["maybe-ghost@1", "p@1"]
