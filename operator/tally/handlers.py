@@ -6,10 +6,13 @@
 * ``@kopf.on.validate`` (id ``quota``) serves quota admission for every resource the
   registered webhook configuration sends (the rules decide which; see :mod:`tally.webhook`).
 * Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
-  controller and admission workers running. Kopf starts its watches and its webhook server
-  only after the start-up handlers finished, so no event is lost between the LIST and the
-  watch (Kopf's own initial listing replays everything; replays are dropped by
-  resourceVersion) and no admission request is judged on an unsynced cache.
+  controller and admission workers running. When the runtime sees upstream's own quota system
+  on (:mod:`tally.builtin_quota`), the handler raises ``kopf.PermanentError``: Kopf logs the
+  message and the process exits with status 1, having started and registered nothing.
+  Kopf starts its watches and its webhook server only after the start-up handlers finished,
+  so no event is lost between the LIST and the watch (Kopf's own initial listing replays
+  everything; replays are dropped by resourceVersion) and no admission request is judged on an
+  unsynced cache.
 * The liveness probe reports the API server version reached at start-up. It does no I/O: an API
   server outage must not make the kubelet restart tally, which would not help.
 """
@@ -26,6 +29,7 @@ from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
 from tally.admission_review import WebhookServer, attributes_from_review, review_response
+from tally.builtin_quota import BuiltinQuotaActive
 from tally.evaluators.base import GroupResource
 from tally.podset import validation
 from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
@@ -85,8 +89,14 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     logger.info("connected to the API server, version %s", memo.apiserver_version)
 
     runtime = Runtime(config, api)
+    try:
+        await runtime.start()
+    except BuiltinQuotaActive as refused:
+        # Kopf stops on a PermanentError from a start-up handler, without running the cleanup
+        # handlers: close the client here. Nothing else was started or registered.
+        await api.close()
+        raise kopf.PermanentError(str(refused)) from None
     memo.runtime = runtime
-    await runtime.start()
     if runtime.certificate is not None:
         # Kopf reads this after the start-up handlers and only then starts serving.
         async def quota_fallback(review: dict[str, Any]) -> dict[str, Any]:

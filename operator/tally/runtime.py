@@ -1,8 +1,10 @@
 """Everything one tally process runs, built from settings and an API client, in start order.
 
 :class:`Runtime` is what the Kopf handlers talk to: ``start`` builds the informers (one per
-tracked kind), LISTs them (the synced point), starts the quota controller and the admission
-evaluator, and prepares the webhook server and its registration; ``stop`` undoes it in reverse.
+tracked kind), LISTs them (the synced point) while the built-in quota probe checks that
+upstream's own quota system is off (:mod:`tally.builtin_quota`), then starts the quota
+controller and the admission evaluator, and prepares the webhook server and its registration;
+``stop`` undoes it in reverse.
 Event entry points (``on_event``) and the admission entry point (``admit``) are plain
 coroutines, so the Kopf layer stays a few lines of translation.
 """
@@ -20,7 +22,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from tally import kube, podset_client
+from tally import builtin_quota, builtin_quota_probe, kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
@@ -189,16 +191,25 @@ class Runtime:
     # -- lifecycle
 
     async def start(self) -> None:
+        """Sync the caches and check for the built-in quota system (at the same time), then
+        start the controllers and admission and prepare the webhook.
+
+        Raises :class:`~tally.builtin_quota.BuiltinQuotaActive` (nothing started, nothing
+        registered) when upstream's quota system is on and ``TALLY_ALLOW_BUILTIN_QUOTA`` is
+        not set.
+        """
         settings = self.settings
         if settings.metrics_port:
             self._metrics_runner = await self.metrics.serve(
                 settings.metrics_addr, settings.metrics_port
             )
-        # The synced point: every kind listed once before any worker reads the caches.
-        await asyncio.gather(
-            *(informer.sync() for gr, informer in self.informers.items() if gr != PODS),
-            self._sync_pods(),
-        )
+        try:
+            await self._sync_and_check()
+        except BaseException:
+            # Nothing else runs yet; Kopf retries a failed start in a fresh Runtime, which
+            # binds the metrics port again.
+            await self._stop_metrics()
+            raise
         self.controller.start()
         self.dynamic.start()
         self.podset_controller.start()
@@ -235,6 +246,26 @@ class Runtime:
             # answers.
             self.registrar.start()
 
+    async def _sync_and_check(self) -> None:
+        # The probe runs beside the LISTs (it is mostly waiting), so on a cluster of any size it
+        # costs no start-up time; both end before any controller or webhook starts.
+        # A refusal cancels the LISTs at once (on a large cluster they take minutes), and a
+        # failed LIST cancels the probe (which still deletes its quota).
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._check_builtin_quota(), name="builtin-quota-probe")
+                group.create_task(self._sync(), name="cache-sync")
+        except BaseExceptionGroup as failed:
+            # Callers (Kopf's start handler) expect the failure itself, not a group.
+            raise failed.exceptions[0] from None
+
+    async def _sync(self) -> None:
+        # The synced point: every kind listed once before any worker reads the caches.
+        await asyncio.gather(
+            *(informer.sync() for gr, informer in self.informers.items() if gr != PODS),
+            self._sync_pods(),
+        )
+
     async def _sync_pods(self) -> None:
         """Both pod stores (quota's and the PodSet controller's) from one paged LIST; later
         re-lists of either are their own."""
@@ -244,6 +275,18 @@ class Runtime:
             podset_view.add(page)
         quota_view.finish()
         podset_view.finish()
+
+    async def _check_builtin_quota(self) -> None:
+        """Refuse to enforce beside upstream's own quota system (see :mod:`tally.builtin_quota`)."""
+        namespace = builtin_quota.probe_namespace(self.settings.namespace)
+        result = await builtin_quota_probe.probe(self.api, namespace)
+        decision = builtin_quota.decide(result, allowed=self.settings.allow_builtin_quota)
+        if decision.action is builtin_quota.Action.REFUSE:
+            raise builtin_quota.BuiltinQuotaActive(decision.message)
+        if decision.action is builtin_quota.Action.WARN:
+            logger.warning("%s", decision.message)
+        else:
+            logger.info("%s", decision.message)
 
     def _count_kind_synced(self, gr: GroupResource) -> None:
         """A ``count/`` kind's cache is ready: recalculate the quotas that name it."""
@@ -267,8 +310,12 @@ class Runtime:
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
         await self.recorder.flush()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
+        await self._stop_metrics()
+
+    async def _stop_metrics(self) -> None:
+        runner, self._metrics_runner = self._metrics_runner, None
+        if runner is not None:
+            await runner.cleanup()
 
     # -- entry points for the Kopf layer
 

@@ -70,13 +70,18 @@ class Settings(BaseModel):
     cluster, where refusing creates while tally is down is what keeps quotas limits."""
     namespace: str = ""
     """``TALLY_NAMESPACE``: the operator's own namespace, exempt from the webhook like
-    kube-system (so tally's own pods can always be created)."""
+    kube-system (so tally's own pods can always be created). The start-up probe for the
+    built-in quota system runs there (in kube-system when unset)."""
+    allow_builtin_quota: bool = False
+    """``TALLY_ALLOW_BUILTIN_QUOTA``: start even when the start-up probe sees upstream's own
+    quota admission plugin or controller on (logged as a warning). Off: tally refuses to start
+    then (see :mod:`tally.builtin_quota`)."""
     admission_workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_ADMISSION_WORKERS``: namespaces evaluated at once (upstream: 5)."""
     admission_config: str = ""
     """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
 
-    @field_validator("namespaces")
+    @field_validator("namespaces", "namespace")
     @classmethod
     def _valid_namespaces(cls, value: str) -> str:
         for name in (part.strip() for part in value.split(",")):

@@ -29,6 +29,13 @@ def test_environment_overrides() -> None:
         pytest.param({"TALLY_RESYNC_PERIOD": "-1"}, "TALLY_RESYNC_PERIOD='-1'", id="negative"),
         pytest.param({"TALLY_RESYNC_PERIOD": "1e9"}, "TALLY_RESYNC_PERIOD='1e9'", id="absurd"),
         pytest.param({"TALLY_NAMESPACES": "a,B_c"}, "TALLY_NAMESPACES='a,B_c'", id="bad-namespace"),
+        # The built-in quota probe's namespace: it ends up in a URL path.
+        pytest.param({"TALLY_NAMESPACE": "a/b"}, "TALLY_NAMESPACE='a/b'", id="bad-own-namespace"),
+        pytest.param(
+            {"TALLY_ALLOW_BUILTIN_QUOTA": "maybe"},
+            "TALLY_ALLOW_BUILTIN_QUOTA='maybe'",
+            id="allow-not-a-boolean",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(environ: dict[str, str], named: str) -> None:
@@ -43,3 +50,15 @@ def test_watched_namespaces() -> None:
         "team-a",
         "team-b",
     }
+
+
+@pytest.mark.parametrize(
+    ("environ", "allowed"),
+    [
+        pytest.param({}, False, id="default-refuses"),
+        pytest.param({"TALLY_ALLOW_BUILTIN_QUOTA": "true"}, True, id="true"),
+        pytest.param({"TALLY_ALLOW_BUILTIN_QUOTA": "false"}, False, id="false"),
+    ],
+)
+def test_allow_builtin_quota(environ: dict[str, str], allowed: bool) -> None:
+    assert allowed == Settings.from_env(environ).allow_builtin_quota
