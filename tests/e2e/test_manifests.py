@@ -11,6 +11,8 @@
   server still checks the certificate against ``<svc>.<ns>.svc``, as in a cluster.
 * One rule shown needed: without ``update`` on ``resourcequotas/status`` a quota's status is
   never written and tally logs the refusal.
+* The built-in quota probe's Role: with it the probe concludes (in ``tally-system``); without
+  its binding tally logs which request was refused and starts anyway.
 
 Everything installed is removed at the end of the module (the CRD only if this module created
 it), so other modules see the control plane as they would without it.
@@ -45,6 +47,10 @@ CLUSTER_ROLE = "tally"
 CRD = "podsets.tally.dev"
 # The Service the test's webhook configuration names (ExternalName -> localhost).
 LOCAL_SERVICE = "tally-webhook-local"
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+# The built-in quota probe's quota, and the Role (rbac-builtin-quota-probe.yaml) it needs.
+PROBE = "tally-builtin-quota-probe"
+PROBE_ROLE = "tally-builtin-quota-probe"
 
 
 @dataclass
@@ -364,7 +370,46 @@ async def test_tally_works_with_the_service_account_alone(
     await eventually(
         podset_status, until=lambda s: s.get("replicas") == 2, what="PodSet status.replicas"
     )
-    assert "forbidden" not in sa_tally.log_text(tail=10_000).lower()
+    log = sa_tally.log_text(tail=10_000)
+    assert "forbidden" not in log.lower()
+    # The built-in quota probe ran in tally's namespace with the Role's permissions alone, and
+    # could tell (operator mode: upstream's quota system off).
+    assert "the cluster's built-in quota system is off. " in log
+    assert f"(Probe: quota {NAMESPACE}/{PROBE}, " in log
+
+
+def _wait_for_probe_permission(plane: ControlPlane, *, granted: bool) -> None:
+    """Until the API server's authorizer agrees (it follows RoleBindings through an informer)."""
+    can_i = ("auth", "can-i", "create", "resourcequotas", "-n", NAMESPACE, f"--as={SA_USER}")
+    deadline = time.monotonic() + 30
+    while (plane.kubectl(*can_i, check=False).returncode == 0) != granted:
+        assert time.monotonic() < deadline, f"create resourcequotas never became {granted}"
+        time.sleep(0.2)
+
+
+def test_without_the_probe_role_tally_cannot_tell_and_starts(
+    control_plane: ControlPlane, installed: Installed, tmp_path: Path
+) -> None:
+    # The Role is what lets the start-up probe see whether upstream's quota system is off.
+    # Without it tally cannot tell: it says which request was refused, and starts (fail-open).
+    binding = installed.of_kind("RoleBinding", PROBE_ROLE)
+    control_plane.kubectl("delete", "rolebinding", PROBE_ROLE, "-n", NAMESPACE)
+    _wait_for_probe_permission(control_plane, granted=False)
+    tally = SaTally(installed, control_plane, tmp_path / "tally.log")
+    try:
+        tally.start()
+        log = tally.log_text(tail=10_000)
+    finally:
+        tally.kill()
+        _apply(control_plane, [binding])
+        _wait_for_probe_permission(control_plane, granted=True)
+    (line,) = [line for line in log.splitlines() if "could not tell whether" in line]
+    assert "[WARNING ]" in line
+    assert (
+        f'User "{SA_USER}" cannot create resource "resourcequotas" in API group "" in the '
+        f'namespace "{NAMESPACE}"'
+    ) in line
+    assert "failed permanently" not in log
 
 
 async def test_without_quota_status_update_no_status_is_written(
