@@ -247,22 +247,34 @@ class Runtime:
             self.registrar.start()
 
     async def _sync_and_check(self) -> None:
+        # The synced point: every kind listed once before any worker reads the caches.
         # The probe runs beside the LISTs (it is mostly waiting), so on a cluster of any size it
         # costs no start-up time; both end before any controller or webhook starts.
         # A refusal cancels the LISTs at once (on a large cluster they take minutes), and a
         # failed LIST cancels the probe (which still deletes its quota).
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._check_builtin_quota(), name="builtin-quota-probe")
-                group.create_task(self._sync(), name="cache-sync")
+                group.create_task(self._check_then_sync_quotas(), name="builtin-quota-probe")
+                group.create_task(self._sync_all_but_quotas(), name="cache-sync")
         except BaseExceptionGroup as failed:
             # Callers (Kopf's start handler) expect the failure itself, not a group.
             raise failed.exceptions[0] from None
 
-    async def _sync(self) -> None:
-        # The synced point: every kind listed once before any worker reads the caches.
+    async def _check_then_sync_quotas(self) -> None:
+        await self._check_builtin_quota()
+        # Quotas only after the probe: a LIST taken while the probe quota exists would keep it
+        # in the store (Kopf's watch, started later, never reports its deletion) until the next
+        # re-list, and the controller would sync a deleted quota. Quotas are few: a quick LIST,
+        # still beside the other kinds' on a cluster where those take longer than the probe.
+        await self.informers[RESOURCE_QUOTAS].sync()
+
+    async def _sync_all_but_quotas(self) -> None:
         await asyncio.gather(
-            *(informer.sync() for gr, informer in self.informers.items() if gr != PODS),
+            *(
+                informer.sync()
+                for gr, informer in self.informers.items()
+                if gr not in (PODS, RESOURCE_QUOTAS)
+            ),
             self._sync_pods(),
         )
 
