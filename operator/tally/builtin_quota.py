@@ -18,7 +18,8 @@ What the probe can observe, and how it is read here:
   upstream's own words, ``exceeded quota: …`` (or ``status unknown for quota: …``). A webhook
   answers in the API server's webhook wording (``admission webhook "…" denied the request``,
   ``failed calling webhook "…"``) and runs *before* the built-in plugin (ResourceQuota is the
-  last validating plugin), so such an answer says nothing about the plugin: unknown.
+  last validating plugin: ``AllOrderedPlugins`` in kubernetes ``pkg/kubeapiserver/options/
+  plugins.go``), so such an answer says nothing about the plugin: unknown.
 
 Fail-safe stance: only what was *seen* to be on refuses the start. A probe that cannot tell (no
 permission, API errors, a failing webhook, the time bound) starts tally with a warning that says

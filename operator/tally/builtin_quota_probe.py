@@ -2,8 +2,8 @@
 
 :mod:`tally.builtin_quota` says what the observations mean and what tally does; this module
 makes them, in a namespace tally's webhook exempts (``TALLY_NAMESPACE``, else ``kube-system``),
-so that no tally webhook — this one's from an earlier run, dead or alive — stands between the
-probe and the built-in plugin:
+so that no tally webhook — an earlier run's left registered, dead or alive — stands between
+the probe and the built-in plugin:
 
 1. Delete a leftover probe quota (a start killed mid-probe), then create the probe
    (``spec.hard: {resourcequotas: "0"}``).
