@@ -152,12 +152,7 @@ class _Probe:
         answer = await self._request(
             "POST",
             self._path,
-            body={
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "metadata": {"name": PROBE_NAME, "labels": PROBE_LABELS},
-                "spec": {"hard": {PROBE_RESOURCE: "0"}},
-            },
+            body=_probe_quota(PROBE_NAME, {PROBE_RESOURCE: "0"}),
         )
         if not answer.ok:
             finding = admission_finding(
@@ -220,12 +215,7 @@ class _Probe:
             answer = await self._request(
                 "POST",
                 self._path,
-                body={
-                    "apiVersion": "v1",
-                    "kind": "ResourceQuota",
-                    "metadata": {"name": DRY_RUN_NAME, "labels": PROBE_LABELS},
-                    "spec": {"hard": {}},
-                },
+                body=_probe_quota(DRY_RUN_NAME, {}),
                 dry_run=True,
             )
             finding = admission_finding(answer.status, answer.message, what=what)
@@ -292,3 +282,12 @@ def _status_message(error: client.ApiException) -> str:
         if message:
             return str(message)
     return str(error.reason or "")
+
+
+def _probe_quota(name: str, hard: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "labels": PROBE_LABELS},
+        "spec": {"hard": hard},
+    }
