@@ -383,6 +383,24 @@ def calculate_usage_stats(
     return {name: Quantity(totals[name], formats[name]) for name in wanted}
 
 
+def scoped_usage_stats(
+    evaluator: Evaluator,
+    objects: Iterable[Any],
+    resources: Iterable[str],
+    scopes: Sequence[ScopeRequirement],
+) -> dict[str, Quantity]:
+    """:func:`calculate_usage_stats` with the evaluator's own scope matching and usage, for
+    evaluators whose cached objects are the objects themselves (upstream's generic
+    ``UsageStats``)."""
+
+    def matches(obj: Any) -> bool:
+        return all(evaluator.matches_scope(scope, obj) for scope in scopes)
+
+    return calculate_usage_stats(
+        objects, resources, matches, lambda obj: evaluator.usage(obj).items()
+    )
+
+
 # -- reading API JSON safely --
 
 

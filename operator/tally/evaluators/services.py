@@ -114,12 +114,7 @@ class ServiceEvaluator(base.NoScopes):
     def usage_stats(
         self, objects: Iterable[Obj], resources: Iterable[str], scopes: Sequence[ScopeRequirement]
     ) -> dict[str, Quantity]:
-        def matches(obj: Obj) -> bool:
-            return all(self.matches_scope(scope, obj) for scope in scopes)
-
-        return base.calculate_usage_stats(
-            objects, resources, matches, lambda obj: self.usage(obj).items()
-        )
+        return base.scoped_usage_stats(self, objects, resources, scopes)
 
     def requires_replenishment(self, old: Obj, new: Obj) -> bool:
         """Only a change of charged type class (NodePort / LoadBalancer / other) matters."""
