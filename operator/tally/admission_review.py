@@ -13,6 +13,7 @@ evaluators report what they cannot read), and the decision.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
@@ -108,7 +109,8 @@ def attributes_from_review(review: Mapping[str, Any]) -> Attributes:
 
 
 class WebhookServer(kopf.WebhookServer):
-    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it.
+    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it, serving
+    with tally's own SSL context (see :meth:`_build_ssl`).
 
     ``fallbacks`` answer a handler id themselves when Kopf does not know the request's
     resource yet (404). That happens for a custom resource a quota names right after its CRD
@@ -120,6 +122,15 @@ class WebhookServer(kopf.WebhookServer):
     def __init__(self, *, fallbacks: Mapping[str, Fallback] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fallbacks = dict(fallbacks or {})
+
+    def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
+        """The context tally built (``context=``), as it is. Kopf would otherwise load
+        certificate files into it and restart the whole server whenever they change, closing
+        the port for a moment (the API server then refuses requests, failurePolicy Fail);
+        :mod:`tally.webhook_tls` reloads the certificate inside the running context instead."""
+        if self.context is None:
+            raise ValueError("tally's webhook server needs its SSL context (context=)")
+        return self.cadata, self.context
 
     async def _serve(  # type: ignore[override]
         self, fn: kopf.WebhookFn, request: aiohttp.web.Request

@@ -97,7 +97,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         await api.close()
         raise kopf.PermanentError(str(refused)) from None
     memo.runtime = runtime
-    if runtime.certificate is not None:
+    if runtime.tls is not None:
         # Kopf reads this after the start-up handlers and only then starts serving.
         async def quota_fallback(review: dict[str, Any]) -> dict[str, Any]:
             try:
@@ -111,9 +111,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             addr=config.webhook_addr,
             port=config.webhook_port,
             host=config.webhook_host or config.webhook_addr,
-            certfile=str(runtime.certificate.certfile),
-            pkeyfile=str(runtime.certificate.pkeyfile),
-            cafile=str(runtime.certificate.cafile),
+            # tally's context: tally.webhook_tls reloads the certificate in it while serving.
+            context=runtime.tls.context,
+            cadata=runtime.tls.ca_bundle,
         )
 
 

@@ -74,6 +74,25 @@ async def put_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) ->
     return data
 
 
+async def post_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """POST (create) a JSON object and return the stored object as plain data (409
+    AlreadyExists etc. raise ``ApiException``)."""
+    data = await api.call_api(
+        path,
+        "POST",
+        query_params=[("fieldManager", FIELD_MANAGER)],
+        body=dict(body),
+        header_params={"Accept": "application/json", "Content-Type": "application/json"},
+        response_types_map={200: "object", 201: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _request_timeout=REQUEST_TIMEOUT_S,
+    )
+    if not isinstance(data, dict):
+        raise TypeError(f"POST {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def collection_path(group: str, version: str, plural: str, namespace: str | None = None) -> str:
     """The URL path of a resource collection, cluster-wide or in one namespace."""
     prefix = f"/api/{version}" if not group else f"/apis/{group}/{version}"

@@ -6,6 +6,8 @@ set of resources named by quotas (``count/…``, or a name a registered evaluato
 changes, and — in local development only — removed on a graceful exit, so that a stopped
 operator does not leave a dead fail-closed webhook behind.
 In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
+Its caBundle follows the serving certificate (:meth:`WebhookRegistrar.set_ca_bundle`, called
+by :mod:`tally.webhook_tls` when a CA joins or leaves).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class WebhookRegistrar:
         self._failure_policy = failure_policy
         self._exempt = tuple(exempt_namespaces)
         self._applied: set[GroupResource] | None = None
+        """The extra rules last applied; None until the first apply (registration)."""
+        self._lock = asyncio.Lock()
+        """Held across each GET + PUT, so that a rules refresh and a caBundle change never
+        race each other into a 409 (or one overwriting the other with stale content)."""
         self._task: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
@@ -99,11 +105,18 @@ class WebhookRegistrar:
         self._task.add_done_callback(_log_failure)
 
     async def _register_when_serving(self) -> None:
-        context = ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
         host, port = self._listen
         # A wildcard listen address is not an address to dial (nor a name in the certificate).
         dial = _WILDCARDS.get(host, host)
         while True:
+            # Built per try: the caBundle may change before the server answers.
+            context = ssl.create_default_context(cadata=self._ca_pem.decode("ascii"))
+            # TLS 1.3 only: the probe checks that the server presents a certificate the
+            # caBundle trusts. A server that requires client certificates (mutual TLS) refuses
+            # this probe, which has none; in TLS 1.3 it does so after the client has finished
+            # its handshake (the connection opens, then closes), in TLS 1.2 during it
+            # (indistinguishable here from a server that is not up yet).
+            context.minimum_version = ssl.TLSVersion.TLSv1_3
             try:
                 _, writer = await asyncio.open_connection(
                     dial, port, ssl=context, server_hostname=self._tls_name or host
@@ -119,8 +132,20 @@ class WebhookRegistrar:
         self.registered.set()
         logger.info("webhook %s registered at %s", self.name, self.target)
 
+    async def set_ca_bundle(self, ca_pem: bytes) -> None:
+        """Trust ``ca_pem`` from now on: applied at once when registered, else at registration."""
+        async with self._lock:
+            self._ca_pem = ca_pem
+            if self._applied is not None:
+                await self._apply()
+                logger.info("webhook %s: caBundle updated", self.name)
+
     async def apply(self) -> None:
         """Create or replace the configuration with rules for the current quotas."""
+        async with self._lock:
+            await self._apply()
+
+    async def _apply(self) -> None:
         extra = count_resources(self._quotas(), self._evaluators())
         body = self.body(extra)
         try:

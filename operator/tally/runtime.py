@@ -27,7 +27,6 @@ from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
 from tally.cache import Change, ChangeKind, Store
-from tally.certs import ServingCertificate, generate_serving_certificate
 from tally.discovery import DynamicKinds
 from tally.evaluators.base import Evaluator, GroupResource, object_count_resource_name
 from tally.evaluators.generic import ObjectCountEvaluator
@@ -40,6 +39,7 @@ from tally.registrar import WebhookRegistrar
 from tally.resourcequota.controller import ResourceQuotaController, quota_key
 from tally.settings import Settings
 from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
+from tally.webhook_tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ TRACKED_CORE_KINDS: Final = (
 )
 """The core kinds upstream's quota controller always watches (its evaluators' kinds)."""
 PODS: Final = GroupResource("", "pods")
+SECRETS: Final = GroupResource("", "secrets")
 PODSETS: Final = GroupResource(podset_client.GROUP, podset_client.PLURAL)
 """tally's own kind: reconciled by the PodSet controller and countable by quotas."""
 ADMISSION_TIMEOUT_S: Final = 9.5
@@ -138,7 +139,7 @@ class Runtime:
             workers=settings.workers,
             metrics_provider=self.metrics.workqueue,
         )
-        self.certificate: ServingCertificate | None = None
+        self.tls: ServingTLS | None = None
         self.registrar: WebhookRegistrar | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
@@ -205,6 +206,10 @@ class Runtime:
             )
         try:
             await self._sync_and_check()
+            if settings.webhook_enabled:
+                # Before anything starts: a certificate that cannot be had (the Secret refused,
+                # unusable mounted files) fails the start like a failed LIST.
+                await self._load_certificate()
         except BaseException:
             # Nothing else runs yet; Kopf retries a failed start in a fresh Runtime, which
             # binds the metrics port again.
@@ -218,21 +223,15 @@ class Runtime:
             "caches synced (%s); quota controller and admission started",
             ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
         )
-        if settings.webhook_enabled:
+        if self.tls is not None:
             host = settings.webhook_host or settings.webhook_addr
-            directory = Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-"))
-            service = settings.webhook_service_ref
-            # With a Service client config the API server checks <svc>.<ns>.svc (issue 7).
-            self.certificate = generate_serving_certificate(
-                directory, [host, *(service.dns_names if service is not None else ())]
-            )
             self.registrar = WebhookRegistrar(
                 self.api,
                 name=settings.webhook_config_name,
                 url=f"https://{host}:{settings.webhook_port}",
-                service=service,
+                service=settings.webhook_service_ref,
                 tls_name=host,
-                ca_pem=self.certificate.ca_pem,
+                ca_pem=self.tls.ca_bundle,
                 listen=(settings.webhook_addr, settings.webhook_port),
                 quotas=self._all_quotas,
                 evaluators=self.registry.list,
@@ -245,6 +244,32 @@ class Runtime:
             # Registers once Kopf's webhook server (started after the start-up handlers)
             # answers.
             self.registrar.start()
+            self.tls.start(publish=self.registrar.set_ca_bundle)
+
+    async def _load_certificate(self) -> None:
+        settings = self.settings
+        host = settings.webhook_host or settings.webhook_addr
+        service = settings.webhook_service_ref
+        # With a Service client config the API server checks <svc>.<ns>.svc (issue 7).
+        tls = ServingTLS(
+            self._certificate_source(),
+            hosts=[host, *(service.dns_names if service is not None else ())],
+            policy=settings.certificate_policy,
+            directory=Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-")),
+            client_ca=settings.webhook_client_ca,
+            check_period=settings.webhook_cert_check_period,
+        )
+        await tls.load()
+        self.tls = tls
+
+    def _certificate_source(self) -> Source:
+        settings = self.settings
+        secret = settings.webhook_cert_secret_ref
+        if secret is not None:
+            return SecretSource(self.api, *secret)
+        if settings.webhook_cert_mount:
+            return MountedSource(Path(settings.webhook_cert_mount))
+        return MemorySource()
 
     async def _sync_and_check(self) -> None:
         # The synced point: every kind listed once before any worker reads the caches.
@@ -313,6 +338,8 @@ class Runtime:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
 
     async def stop(self) -> None:
+        if self.tls is not None:
+            await self.tls.stop()
         if self.registrar is not None:
             await self.registrar.stop(remove=self.settings.webhook_remove_on_exit)
         await self.admission.stop()
@@ -332,6 +359,8 @@ class Runtime:
     # -- entry points for the Kopf layer
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        if gr == SECRETS and self.tls is not None:
+            self._certificate_secret_event(obj)
         watched = self.settings.watched_namespaces
         if watched and (obj.get("metadata") or {}).get("namespace") not in watched:
             return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
@@ -348,6 +377,16 @@ class Runtime:
                 )
             else:
                 self.pod_views.on_event(event_type, obj)
+
+    def _certificate_secret_event(self, obj: Mapping[str, Any]) -> None:
+        """Someone may have changed the certificate Secret: let the TLS keeper look (it ignores
+        the events of its own writes). Checked before the TALLY_NAMESPACES filter: the Secret
+        lives in tally's own namespace, which tally need not manage."""
+        assert self.tls is not None
+        secret = self.settings.webhook_cert_secret_ref
+        metadata = obj.get("metadata") or {}
+        if secret is not None and (metadata.get("namespace"), metadata.get("name")) == secret:
+            self.tls.changed(str(metadata.get("resourceVersion") or ""))
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""

@@ -8,17 +8,34 @@ wiring; these are tally's.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tally.webhook import ServiceReference, parse_service_reference
+from tally.certs import Policy
+from tally.webhook import DEFAULT_EXEMPT_NAMESPACES, ServiceReference, parse_service_reference
 
 ENV_PREFIX: Final = "TALLY_"
 _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS1123_SUBDOMAIN: Final = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+
+
+def parse_object_reference(text: str) -> tuple[str, str]:
+    """``<namespace>/<name>`` of a namespaced object, both DNS-1123 names."""
+    namespace, slash, name = text.partition("/")
+    if (
+        not slash
+        or not _DNS1123_LABEL.fullmatch(namespace)
+        or not _DNS1123_SUBDOMAIN.fullmatch(name)
+    ):
+        raise ValueError(f"{text!r} is not <namespace>/<name>")
+    return namespace, name
 
 
 class SettingsError(ValueError):
@@ -58,8 +75,35 @@ class Settings(BaseModel):
     the Service instead of a URL, and the serving certificate's SANs include
     ``<name>.<namespace>.svc`` (and ``.svc.cluster.local``)."""
     webhook_cert_dir: str = ""
-    """``TALLY_WEBHOOK_CERT_DIR``: where the generated CA and serving pair are written;
-    default: a private temporary directory."""
+    """``TALLY_WEBHOOK_CERT_DIR``: where the serving pair (and the CA bundle) the webhook server
+    loads are written; default: a private temporary directory."""
+    webhook_cert_secret: str = ""
+    """``TALLY_WEBHOOK_CERT_SECRET``: ``<namespace>/<name>`` of a ``kubernetes.io/tls`` Secret
+    that keeps tally's CA and serving pair across restarts: read at start-up, created or
+    renewed by tally, re-read every ``TALLY_WEBHOOK_CERT_CHECK_PERIOD`` and when it changes.
+    Empty: a new CA and pair in memory at every start (local development)."""
+    webhook_cert_mount: str = ""
+    """``TALLY_WEBHOOK_CERT_MOUNT``: a directory with ``tls.crt``, ``tls.key`` and ``ca.crt``
+    made by someone else (a mounted cert-manager Secret): served as they are, ``ca.crt`` as the
+    caBundle, re-read every ``TALLY_WEBHOOK_CERT_CHECK_PERIOD``; tally never writes them."""
+    webhook_cert_validity: float = Field(default=365 * 86400.0, ge=10, le=10 * 365 * 86400.0)
+    """``TALLY_WEBHOOK_CERT_VALIDITY``: seconds a serving certificate tally makes is valid."""
+    webhook_ca_validity: float = Field(default=5 * 365 * 86400.0, ge=10, le=30 * 365 * 86400.0)
+    """``TALLY_WEBHOOK_CA_VALIDITY``: seconds the CA tally makes is valid (≥ the serving
+    certificate's validity)."""
+    webhook_cert_renew_fraction: float = Field(default=1 / 3, ge=0.05, le=0.9)
+    """``TALLY_WEBHOOK_CERT_RENEW_FRACTION``: renew a certificate (serving or CA) once less than
+    this share of its validity is left."""
+    webhook_ca_overlap: float = Field(default=3600.0, ge=0, le=30 * 86400.0)
+    """``TALLY_WEBHOOK_CA_OVERLAP``: seconds a new CA is in the caBundle before the serving
+    certificate moves to it (time for every API server to trust it)."""
+    webhook_cert_check_period: float = Field(default=60.0, ge=1, le=86400)
+    """``TALLY_WEBHOOK_CERT_CHECK_PERIOD``: seconds between re-reads of the Secret or mounted
+    files (renewals due sooner happen sooner)."""
+    webhook_client_ca: str = ""
+    """``TALLY_WEBHOOK_CLIENT_CA``: path of a PEM CA bundle. When set, the webhook server
+    requires a client certificate signed by it (mutual TLS): the API server's, configured in its
+    AdmissionConfiguration. Use a CA that signs nothing else."""
     webhook_failure_policy: Literal["Fail", "Ignore"] = "Fail"
     """``TALLY_WEBHOOK_FAILURE_POLICY``: what the API server does when tally cannot answer."""
     webhook_config_name: str = Field(default="tally.dev", min_length=1)
@@ -96,6 +140,63 @@ class Settings(BaseModel):
             parse_service_reference(value)
         return value
 
+    @field_validator("webhook_cert_secret")
+    @classmethod
+    def _valid_webhook_cert_secret(cls, value: str) -> str:
+        if value:
+            parse_object_reference(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_certificate_settings(self) -> Settings:
+        if self.webhook_cert_secret and self.webhook_cert_mount:
+            raise ValueError(
+                "TALLY_WEBHOOK_CERT_SECRET and TALLY_WEBHOOK_CERT_MOUNT exclude each other: "
+                "tally either keeps its certificate in a Secret or serves mounted files"
+            )
+        if self.webhook_ca_validity < self.webhook_cert_validity:
+            raise ValueError(
+                "TALLY_WEBHOOK_CA_VALIDITY must be at least TALLY_WEBHOOK_CERT_VALIDITY "
+                f"({self.webhook_ca_validity:g} < {self.webhook_cert_validity:g})"
+            )
+        renew_window = self.webhook_ca_validity * self.webhook_cert_renew_fraction
+        if self.webhook_ca_overlap >= renew_window:
+            raise ValueError(
+                f"TALLY_WEBHOOK_CA_OVERLAP={self.webhook_ca_overlap:g} must be shorter than the "
+                f"CA's renewal window ({renew_window:g} s: TALLY_WEBHOOK_CA_VALIDITY times "
+                "TALLY_WEBHOOK_CERT_RENEW_FRACTION), or the old CA ends before the new one "
+                "is trusted"
+            )
+        secret = self.webhook_cert_secret_ref
+        exempt = (*DEFAULT_EXEMPT_NAMESPACES, *([self.namespace] if self.namespace else []))
+        if secret is not None and secret[0] not in exempt:
+            # tally writes the Secret through the API server, which asks tally's own webhook
+            # about Secret writes in every other namespace: with a broken certificate, tally
+            # could not write the one that repairs it.
+            raise ValueError(
+                f"TALLY_WEBHOOK_CERT_SECRET={self.webhook_cert_secret!r}: the Secret must be "
+                f"in a namespace tally's webhook exempts ({', '.join(exempt)}; set "
+                "TALLY_NAMESPACE), or a broken certificate could not be replaced"
+            )
+        return self
+
+    @property
+    def webhook_cert_secret_ref(self) -> tuple[str, str] | None:
+        """(namespace, name) of the certificate Secret; None: none."""
+        return (
+            parse_object_reference(self.webhook_cert_secret) if self.webhook_cert_secret else None
+        )
+
+    @property
+    def certificate_policy(self) -> Policy:
+        """How long what tally makes is valid, and when it is renewed."""
+        return Policy(
+            validity=datetime.timedelta(seconds=self.webhook_cert_validity),
+            ca_validity=datetime.timedelta(seconds=self.webhook_ca_validity),
+            renew_fraction=self.webhook_cert_renew_fraction,
+            ca_overlap=datetime.timedelta(seconds=self.webhook_ca_overlap),
+        )
+
     @property
     def webhook_service_ref(self) -> ServiceReference | None:
         """The Service the webhook configuration names; None means a URL client config."""
@@ -131,8 +232,12 @@ class Settings(BaseModel):
             return cls.model_validate(fields)
         except ValidationError as error:
             problems = "; ".join(
-                f"{ENV_PREFIX}{str(e['loc'][0]).upper()}={fields.get(str(e['loc'][0]))!r}: "
-                f"{e['msg']}"
+                (
+                    f"{ENV_PREFIX}{str(e['loc'][0]).upper()}={fields.get(str(e['loc'][0]))!r}: "
+                    if e["loc"]
+                    else ""  # a check across settings: its message names them
+                )
+                + e["msg"]
                 for e in error.errors()
             )
             raise SettingsError(f"invalid settings: {problems}") from None

@@ -4,11 +4,13 @@
   Deployment's pod is created and stays Pending, which is all this plane can show).
 * The RBAC proof: tally runs out of cluster with a token of the manifests' ServiceAccount
   (TokenRequest API, ``kubectl create token``) and nothing else, and passes the smoke scenarios:
-  it starts, registers its webhook with a *Service* client config (TALLY_WEBHOOK_SERVICE, as
-  in the Deployment), writes a quota's ``status.used``, refuses a create over quota, and
-  creates a PodSet's pods. The Service here is an ExternalName one pointing at ``localhost``
-  (the API server resolves ExternalName services to that host), since no pod runs: the API
-  server still checks the certificate against ``<svc>.<ns>.svc``, as in a cluster.
+  it starts, keeps its certificate in the Secret the manifests' Role grants
+  (TALLY_WEBHOOK_CERT_SECRET, as in the Deployment), registers its webhook with a *Service*
+  client config (TALLY_WEBHOOK_SERVICE, as in the Deployment), writes a quota's
+  ``status.used``, refuses a create over quota, and creates a PodSet's pods. The Service here
+  is an ExternalName one pointing at ``localhost`` (the API server resolves ExternalName
+  services to that host), since no pod runs: the API server still checks the certificate
+  against ``<svc>.<ns>.svc``, as in a cluster.
 * One rule shown needed: without ``update`` on ``resourcequotas/status`` a quota's status is
   never written and tally logs the refusal.
 * The built-in quota probe's Role: with it the probe concludes (in ``tally-system``); without
@@ -51,6 +53,7 @@ SA_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 # The built-in quota probe's quota, and the Role (rbac-builtin-quota-probe.yaml) it needs.
 PROBE = "tally-builtin-quota-probe"
 PROBE_ROLE = "tally-builtin-quota-probe"
+CERT_SECRET = "tally-webhook-tls"
 
 
 @dataclass
@@ -81,6 +84,8 @@ class SaTally(TallyProcess):
                 "TALLY_WEBHOOK_CONFIG_NAME": installed.webhook_name,
                 "TALLY_WEBHOOK_SERVICE": f"{NAMESPACE}/{LOCAL_SERVICE}:{webhook_port}",
                 "TALLY_NAMESPACE": NAMESPACE,
+                # Like the Deployment: the certificate in the Secret rbac-webhook-tls.yaml grants.
+                "TALLY_WEBHOOK_CERT_SECRET": f"{NAMESPACE}/{CERT_SECRET}",
                 # Like the Deployment: the configuration stays when tally stops (the module
                 # deletes it at the end).
                 "TALLY_WEBHOOK_REMOVE_ON_EXIT": "false",
@@ -213,6 +218,7 @@ async def test_apply_creates_everything(
     env = {e.name: e.value for e in container.env if e.value is not None}
     assert env["TALLY_WEBHOOK_SERVICE"] == "tally-system/tally-webhook:443"
     assert env["TALLY_WEBHOOK_REMOVE_ON_EXIT"] == "false"
+    assert env["TALLY_WEBHOOK_CERT_SECRET"] == f"{NAMESPACE}/{CERT_SECRET}"
 
 
 # -- the RBAC proof
@@ -301,7 +307,16 @@ async def test_tally_works_with_the_service_account_alone(
         assert "url" not in webhook["clientConfig"]
         assert webhook["clientConfig"]["service"]["name"] == LOCAL_SERVICE
 
+    # The certificate is kept in the Secret the Role names (created by tally), and the
+    # configuration trusts its CA.
     core = client.CoreV1Api(api)
+    secret = await core.read_namespaced_secret(CERT_SECRET, NAMESPACE)
+    assert secret.type == "kubernetes.io/tls"
+    assert secret.metadata.labels == {"app.kubernetes.io/managed-by": "tally"}
+    assert {"ca.crt", "ca.key", "tls.crt", "tls.key"} == set(secret.data)
+    for webhook in config["webhooks"]:
+        assert webhook["clientConfig"]["caBundle"] == secret.data["ca.crt"]
+
     await core.create_namespaced_resource_quota(
         namespace, _quota("q", {"pods": "1", "count/podsets.tally.dev": "1"})
     )

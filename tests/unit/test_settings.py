@@ -62,3 +62,73 @@ def test_watched_namespaces() -> None:
 )
 def test_allow_builtin_quota(environ: dict[str, str], allowed: bool) -> None:
     assert allowed == Settings.from_env(environ).allow_builtin_quota
+
+
+def test_certificate_defaults() -> None:
+    # A year for the serving certificate, five for the CA, renewed with a third left.
+    policy = Settings.from_env({}).certificate_policy
+    assert (policy.validity.days, policy.ca_validity.days) == (365, 5 * 365)
+    assert policy.renew_fraction == pytest.approx(1 / 3)
+    assert policy.ca_overlap.total_seconds() == 3600
+
+
+def test_certificate_secret_in_tallys_namespace() -> None:
+    settings = Settings.from_env(
+        {
+            "TALLY_WEBHOOK_CERT_SECRET": "tally-system/tally-webhook-tls",
+            "TALLY_NAMESPACE": "tally-system",
+        }
+    )
+    assert settings.webhook_cert_secret_ref == ("tally-system", "tally-webhook-tls")
+    assert Settings.from_env(
+        {"TALLY_WEBHOOK_CERT_SECRET": "kube-system/tally"}
+    ).webhook_cert_secret_ref == ("kube-system", "tally")
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        pytest.param(
+            {"TALLY_WEBHOOK_CERT_SECRET": "tally-webhook-tls"},
+            "TALLY_WEBHOOK_CERT_SECRET='tally-webhook-tls'",
+            id="secret-without-namespace",
+        ),
+        pytest.param(
+            {"TALLY_WEBHOOK_CERT_SECRET": "team-a/tls"},
+            "the Secret must be in a namespace tally's webhook exempts",
+            id="secret-judged-by-tallys-own-webhook",
+        ),
+        pytest.param(
+            {
+                "TALLY_WEBHOOK_CERT_SECRET": "kube-system/tls",
+                "TALLY_WEBHOOK_CERT_MOUNT": "/var/run/tally/tls",
+            },
+            "TALLY_WEBHOOK_CERT_SECRET and TALLY_WEBHOOK_CERT_MOUNT exclude each other",
+            id="secret-and-mount",
+        ),
+        pytest.param(
+            {"TALLY_WEBHOOK_CERT_VALIDITY": "100", "TALLY_WEBHOOK_CA_VALIDITY": "50"},
+            "TALLY_WEBHOOK_CA_VALIDITY must be at least TALLY_WEBHOOK_CERT_VALIDITY",
+            id="ca-shorter-than-serving",
+        ),
+        pytest.param(
+            {"TALLY_WEBHOOK_CA_VALIDITY": "60", "TALLY_WEBHOOK_CERT_VALIDITY": "30"},
+            "TALLY_WEBHOOK_CA_OVERLAP=3600 must be shorter than the CA's renewal window",
+            id="overlap-outlives-the-old-ca",
+        ),
+        pytest.param(
+            {"TALLY_WEBHOOK_CERT_RENEW_FRACTION": "1"},
+            "TALLY_WEBHOOK_CERT_RENEW_FRACTION='1'",
+            id="renew-fraction-whole",
+        ),
+        pytest.param(
+            {"TALLY_WEBHOOK_CERT_VALIDITY": "1"},
+            "TALLY_WEBHOOK_CERT_VALIDITY='1'",
+            id="validity-too-short",
+        ),
+    ],
+)
+def test_bad_certificate_settings(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match="invalid settings") as error:
+        Settings.from_env(environ)
+    assert named in str(error.value)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import ssl
+import datetime
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from tally.certs import generate_serving_certificate
+from tally import certs
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import new_registry
 from tally.registrar import WebhookRegistrar
@@ -21,6 +21,7 @@ from tally.webhook import (
     validating_webhook_configuration,
     webhook_rules,
 )
+from tally.webhook_tls import MemorySource, ServingTLS
 
 pytestmark = pytest.mark.unit
 
@@ -212,30 +213,45 @@ def test_registrar_body_names_the_service() -> None:
     assert registrar.target == "service tally-system/tally-webhook:443"
 
 
-async def test_registrar_registers_when_listening_on_a_wildcard_address(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mutual_tls", [False, True], ids=["tls", "mutual-tls"])
+async def test_registrar_registers_when_listening_on_a_wildcard_address(
+    tmp_path: Path, mutual_tls: bool
+) -> None:
     """In a cluster tally listens on 0.0.0.0 and its certificate names only the Service: the
-    readiness check must dial loopback and check a name the certificate holds."""
+    readiness check must dial loopback and check a name the certificate holds. With mutual TLS
+    the server refuses the check, which has no client certificate, once it has shown its own:
+    that still counts as serving."""
     service = ServiceReference("tally-system", "tally-webhook")
-    generated = generate_serving_certificate(tmp_path, service.dns_names)
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(generated.certfile, generated.pkeyfile)
+    client_ca = ""
+    if mutual_tls:
+        other = certs.new_material(["client"], datetime.datetime.now(datetime.UTC))
+        (tmp_path / "client-ca.crt").write_bytes(other.ca_bundle)
+        client_ca = str(tmp_path / "client-ca.crt")
+    tls = ServingTLS(
+        MemorySource(),
+        hosts=service.dns_names,
+        policy=certs.Policy(),
+        directory=tmp_path / "tls",
+        client_ca=client_ca,
+    )
+    await tls.load()
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context)
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls.context)
     port = server.sockets[0].getsockname()[1]
     applied: list[bool] = []
 
     class Recording(WebhookRegistrar):
-        async def apply(self) -> None:
+        async def _apply(self) -> None:
             applied.append(True)
 
     registrar = Recording(
         cast(Any, None),
         name="tally.dev",
         url=f"https://{service.dns_names[0]}:{port}",
-        ca_pem=generated.ca_pem,
+        ca_pem=tls.ca_bundle,
         listen=("0.0.0.0", port),
         quotas=list,
         failure_policy="Fail",
@@ -247,6 +263,43 @@ async def test_registrar_registers_when_listening_on_a_wildcard_address(tmp_path
         registrar.start()
         await asyncio.wait_for(registrar.registered.wait(), timeout=10)
         assert applied == [True]
+    finally:
+        await registrar.stop(remove=False)
+        server.close()
+        await server.wait_closed()
+
+
+async def test_registrar_does_not_register_a_server_it_does_not_trust(tmp_path: Path) -> None:
+    """The readiness check verifies the server's certificate against the caBundle: a server
+    presenting another CA's certificate is not "serving" (the API server would refuse it)."""
+    tls = ServingTLS(
+        MemorySource(), hosts=["127.0.0.1"], policy=certs.Policy(), directory=tmp_path / "tls"
+    )
+    await tls.load()
+    server = await asyncio.start_server(
+        lambda reader, writer: writer.close(), "127.0.0.1", 0, ssl=tls.context
+    )
+    port = server.sockets[0].getsockname()[1]
+    other = certs.new_material(["127.0.0.1"], datetime.datetime.now(datetime.UTC))
+
+    class Recording(WebhookRegistrar):
+        async def _apply(self) -> None:
+            raise AssertionError("registered a server whose certificate it does not trust")
+
+    registrar = Recording(
+        cast(Any, None),
+        name="tally.dev",
+        url=f"https://127.0.0.1:{port}",
+        ca_pem=other.ca_bundle,
+        listen=("127.0.0.1", port),
+        quotas=list,
+        failure_policy="Fail",
+        exempt_namespaces=["kube-system"],
+    )
+    try:
+        registrar.start()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(registrar.registered.wait()), timeout=1)
     finally:
         await registrar.stop(remove=False)
         server.close()
