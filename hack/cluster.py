@@ -15,7 +15,10 @@ Two modes:
   differential tests and benchmarks compare tally with.
 
 Each control plane lives in one directory (``--dir``) holding its certificates, etcd data, logs,
-``kubeconfig`` and ``state.json`` (pids, ports, mode, version). Several run side by side. ``down``
+``kubeconfig`` and ``state.json`` (pids, ports, mode, version). In operator mode kube-apiserver
+also presents a client certificate to admission webhooks (``pki/webhook-client.crt``, signed by
+``pki/webhook-client-ca.crt``, through an AdmissionConfiguration), so that tally's webhook can
+require one (mutual TLS). Several run side by side. ``down``
 stops exactly the processes recorded there, and only after checking that each pid still runs
 the binary it was started from (a recycled pid is left alone).
 
@@ -65,6 +68,12 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
 # much longer. Generous, because a control plane that is slow to start is not broken.
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
+
+# In DIR/pki/: the CA that signs the client certificate kube-apiserver presents to webhooks
+# (operator mode), that certificate and its key.
+WEBHOOK_CLIENT_CA = "webhook-client-ca.crt"
+WEBHOOK_CLIENT_CRT = "webhook-client.crt"
+WEBHOOK_CLIENT_KEY = "webhook-client.key"
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
@@ -306,6 +315,9 @@ class _Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    webhook_client_ca: Path
+    webhook_client_crt: Path
+    webhook_client_key: Path
 
 
 def _write_pki(directory: Path) -> _Pki:
@@ -337,45 +349,56 @@ def _write_pki(directory: Path) -> _Pki:
             attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
         return x509.Name(attributes)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
+    def make_ca(
+        ca_name: x509.Name,
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return cert, key
+
     ca_name = name("tally-local-ca")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_cert, ca_key = make_ca(ca_name)
 
     def leaf(
-        subject: x509.Name, usage: x509.ObjectIdentifier, sans: Sequence[x509.GeneralName] = ()
+        subject: x509.Name,
+        usage: x509.ObjectIdentifier,
+        sans: Sequence[x509.GeneralName] = (),
+        *,
+        issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] = (ca_cert, ca_key),
     ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        issuer_cert, issuer_key = issuer
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (
             x509.CertificateBuilder()
             .subject_name(subject)
-            .issuer_name(ca_name)
+            .issuer_name(issuer_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
@@ -383,13 +406,13 @@ def _write_pki(directory: Path) -> _Pki:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
                 critical=False,
             )
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
-        return builder.sign(ca_key, hashes.SHA256()), key
+        return builder.sign(issuer_key, hashes.SHA256()), key
 
     serving, serving_key = leaf(
         name("kube-apiserver"),
@@ -405,6 +428,15 @@ def _write_pki(directory: Path) -> _Pki:
     )
     admin, admin_key = leaf(name("tally-admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    # The API server's identity towards webhooks (mutual TLS): a CA of its own that signs
+    # nothing else, so a webhook trusting it admits the API server and no other client (the
+    # cluster CA above also signs the admin's client certificate). Its key is not kept.
+    webhook_ca, webhook_ca_key = make_ca(name("tally-local-webhook-client-ca"))
+    webhook_client, webhook_client_key = leaf(
+        name("kube-apiserver-webhook-client"),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        issuer=(webhook_ca, webhook_ca_key),
+    )
 
     pki = _Pki(
         ca_crt=directory / "ca.crt",
@@ -415,6 +447,9 @@ def _write_pki(directory: Path) -> _Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        webhook_client_ca=directory / WEBHOOK_CLIENT_CA,
+        webhook_client_crt=directory / WEBHOOK_CLIENT_CRT,
+        webhook_client_key=directory / WEBHOOK_CLIENT_KEY,
     )
     pem = serialization.Encoding.PEM
     pki.ca_crt.write_bytes(ca_cert.public_bytes(pem))
@@ -427,7 +462,94 @@ def _write_pki(directory: Path) -> _Pki:
     pki.sa_pub.write_bytes(
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
+    pki.webhook_client_ca.write_bytes(webhook_ca.public_bytes(pem))
+    pki.webhook_client_crt.write_bytes(webhook_client.public_bytes(pem))
+    write_key(pki.webhook_client_key, webhook_client_key)
     return pki
+
+
+def _write_admission_configuration(directory: Path, pki: _Pki) -> Path:
+    """kube-apiserver's ``--admission-control-config-file``: the webhook admission plugins
+    present ``pki.webhook_client_crt`` to every webhook they call.
+
+    The kubeconfig it names is read by the API server's webhook authentication resolver: a
+    ``users`` entry is picked by the webhook's host (``<svc>.<ns>.svc[:port]`` for a Service,
+    the URL's host[:port] otherwise; ``*.`` prefixes match subdomains), and ``*`` is the
+    fallback for every other webhook. Locally tally's webhook URL changes port at every start,
+    so the wildcard is the entry that matters. A client certificate is presented only to a
+    server that asks for one, so webhooks without mutual TLS see no difference.
+    """
+    kubeconfig = directory / "webhook-kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "users": [
+                    {
+                        "name": "*",
+                        "user": {
+                            "client-certificate": str(pki.webhook_client_crt),
+                            "client-key": str(pki.webhook_client_key),
+                        },
+                    }
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    kubeconfig.chmod(0o600)
+    plugin = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(kubeconfig),
+    }
+    path = directory / "admission-configuration.json"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "AdmissionConfiguration",
+                "plugins": [
+                    {"name": name, "configuration": plugin}
+                    for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return path
+
+
+@dataclass(frozen=True)
+class WebhookClientPki:
+    """What an operator-mode control plane's API server presents to webhooks (mutual TLS)."""
+
+    ca: Path
+    """The CA a webhook should trust for clients (``TALLY_WEBHOOK_CLIENT_CA``)."""
+    cert: Path
+    """The API server's client certificate (tests use it to talk to a webhook as the API
+    server does)."""
+    key: Path
+
+
+def webhook_client_pki(directory: Path) -> WebhookClientPki:
+    """The webhook client CA and certificate of the control plane in ``directory`` (the
+    directory holding its ``kubeconfig``); ClusterError when it has none (reference mode, or
+    started before control planes had one)."""
+    pki = directory.resolve() / "pki"
+    found = WebhookClientPki(
+        ca=pki / WEBHOOK_CLIENT_CA, cert=pki / WEBHOOK_CLIENT_CRT, key=pki / WEBHOOK_CLIENT_KEY
+    )
+    state = State.load(directory.resolve())
+    if state is None or state.mode != "operator" or not found.ca.exists():
+        raise ClusterError(
+            f"{directory} holds no operator-mode control plane whose API server presents a "
+            "client certificate to webhooks; start a new one (hack/cluster.py down/up)"
+        )
+    return found
 
 
 def _kubeconfig(server: str, pki: _Pki) -> str:
@@ -748,6 +870,9 @@ def _start_components(
     ]
     if state.mode == "operator":
         apiserver.append("--disable-admission-plugins=ResourceQuota")
+        # tally's webhook can require the API server's client certificate (mutual TLS).
+        admission = _write_admission_configuration(directory / "pki", pki)
+        apiserver.append(f"--admission-control-config-file={admission}")
     apiserver.extend(extra_apiserver_args)
     _spawn(state, "kube-apiserver", apiserver)
     _wait(state, "kube-apiserver /readyz", lambda: api_get(state, "/readyz")[0] == 200, deadline)
@@ -854,6 +979,11 @@ def status(directory: Path) -> dict[str, object]:
             name: {"pid": pid, "running": name in alive} for name, pid in state.pids.items()
         },
         "readyz": body.decode(errors="replace").strip() if code == 200 else f"not ready ({code})",
+        # Operator mode: the CA of the client certificate kube-apiserver presents to webhooks
+        # (TALLY_WEBHOOK_CLIENT_CA for a tally run against this control plane).
+        "webhook_client_ca": (
+            str(directory / "pki" / WEBHOOK_CLIENT_CA) if state.mode == "operator" else None
+        ),
     }
 
 

@@ -28,6 +28,7 @@ def _kubectl(kubectl: Path, kubeconfig: str, *args: str) -> None:
 def main() -> int:
     started_here = False
     kubeconfig = os.environ.get("KUBECONFIG", "")
+    mutual_tls: dict[str, str] = {}
     try:
         kubectl = cluster.ensure_binaries() / "kubectl"
         if kubeconfig:
@@ -40,6 +41,13 @@ def main() -> int:
                 state = cluster.up(RUN_DIR, "operator")
                 started_here = True
             kubeconfig = state.kubeconfig
+            # The webhook requires the API server's client certificate, as in a cluster set up
+            # for it (README, "Mutual TLS"); a control plane from before that has none.
+            try:
+                client_ca = cluster.webhook_client_pki(RUN_DIR).ca
+                mutual_tls = {"TALLY_WEBHOOK_CLIENT_CA": str(client_ca)}
+            except cluster.ClusterError as error:
+                print(f"[run] no mutual TLS: {error}", flush=True)
     except cluster.ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -84,6 +92,7 @@ def main() -> int:
                 "TALLY_METRICS_ADDR": "127.0.0.1",
                 "TALLY_METRICS_PORT": str(metrics_port),
                 "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
+                **mutual_tls,
             },
         )
         try:

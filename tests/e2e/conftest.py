@@ -6,7 +6,8 @@
 * ``reference_plane``: the same in reference mode (upstream quota on), started only when a test
   asks for it; ``TALLY_E2E_REFERENCE_KUBECONFIG`` reuses one.
 * ``operator``: tally itself, ``kopf run operator/main.py`` as a subprocess against
-  ``control_plane``, once per test module (so modules that need no tally run without one).
+  ``control_plane``, once per test module (so modules that need no tally run without one),
+  its webhook requiring the API server's client certificate (mutual TLS).
 * ``api`` / ``reference_api``: kubernetes-asyncio clients; ``namespace`` /
   ``reference_namespace``: a fresh namespace per test, deleted afterwards.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, config
-from operator_process import WEBHOOK_CONFIGURATION, webhook_ports
+from operator_process import WEBHOOK_CONFIGURATION, mutual_tls_env, webhook_ports
 
 import cluster
 from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_account
@@ -133,6 +134,8 @@ def operator(
         "TALLY_METRICS_ADDR": "127.0.0.1",
         "TALLY_METRICS_PORT": str(metrics_port),
         "TALLY_WEBHOOK_PORT": str(webhook_port),
+        # The webhook requires the API server's client certificate (mutual TLS).
+        **mutual_tls_env(control_plane.kubeconfig),
     }
     command = [
         sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
@@ -140,8 +143,13 @@ def operator(
     ]  # fmt: skip
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
+    pki = cluster.webhook_client_pki(control_plane.kubeconfig.parent)
     running = RunningOperator(
-        process, liveness_url, log, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"
+        process,
+        liveness_url,
+        log,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        webhook_client=(pki.cert, pki.key),
     )
     try:
         deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S

@@ -6,9 +6,11 @@ webhook), but owned by the caller: the restart and watch-loss tests stop tally i
 a test, and ``bench/replenish.py`` runs it outside pytest. Standard library only.
 
 ``kubeconfig`` is what tally talks to (it may point at a proxy in front of the API server);
-``admin_kubeconfig`` is the API server itself, used here only to see tally's webhook
-configuration appear. On a graceful stop (SIGINT) tally removes that configuration (local
-default ``TALLY_WEBHOOK_REMOVE_ON_EXIT=true``), so while tally is down creates are not charged.
+``admin_kubeconfig`` is the API server itself, used here to see tally's webhook configuration
+appear and to find the CA of the client certificate the API server presents to webhooks: tally
+runs with mutual TLS (``TALLY_WEBHOOK_CLIENT_CA``) unless ``env`` says otherwise. On a graceful
+stop (SIGINT) tally removes its configuration (local default
+``TALLY_WEBHOOK_REMOVE_ON_EXIT=true``), so while tally is down creates are not charged.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def webhook_ports(bin_dir: Path, kubeconfig: Path, configuration: str) -> set[in
         else:
             ports.add(int((client_config.get("service") or {}).get("port", 443)))
     return ports
+
+
+def mutual_tls_env(admin_kubeconfig: Path) -> dict[str, str]:
+    """The setting that makes tally's webhook require the client certificate the API server
+    of this control plane presents (``hack/cluster.py``, operator mode): the e2e suite runs
+    tally with mutual TLS, as a cluster should."""
+    pki = cluster.webhook_client_pki(admin_kubeconfig.parent)
+    return {"TALLY_WEBHOOK_CLIENT_CA": str(pki.ca)}
 
 
 class OperatorError(RuntimeError):
@@ -135,6 +145,7 @@ class TallyProcess:
             "TALLY_METRICS_ADDR": "127.0.0.1",
             "TALLY_METRICS_PORT": str(metrics_port),
             "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
+            **mutual_tls_env(self.admin_kubeconfig),
             **self.extra_env,
         }
         self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])

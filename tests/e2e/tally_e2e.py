@@ -29,6 +29,9 @@ class RunningOperator:
     liveness_url: str
     log: Path
     metrics_url: str
+    webhook_client: tuple[Path, Path] | None = None
+    """A client certificate and key tally's webhook accepts (the API server's); None: it
+    requires none."""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -6,7 +6,8 @@ its liveness endpoint answers and that its webhook still judges a well-formed re
 
 * an AdmissionReview that cannot be parsed (garbage, truncated JSON, JSON that is not an
   AdmissionReview), POSTed straight to tally's webhook URL (read, with its CA, from the
-  ValidatingWebhookConfiguration tally registered);
+  ValidatingWebhookConfiguration tally registered) with the API server's client certificate
+  (tally requires it: mutual TLS);
 * an AdmissionReview for a resource that does not exist;
 * a quota whose status holds a value tally cannot use. The API server refuses a status that
   does not parse as a quantity at all (checked here), so the reachable cases are (1) a value the
@@ -24,6 +25,7 @@ import json
 import ssl
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -48,9 +50,13 @@ TOO_LARGE_FOR_TALLY = "1e64"
 class Webhook:
     """tally's quota webhook as registered: its URL and the CA that signed its certificate."""
 
-    def __init__(self, url: str, ca_pem: str) -> None:
+    def __init__(self, url: str, ca_pem: str, client_pair: tuple[Path, Path] | None) -> None:
         self.url = url
         self.context = ssl.create_default_context(cadata=ca_pem)
+        if client_pair is not None:
+            # The webhook requires the API server's client certificate (mutual TLS): this test
+            # speaks as the API server would, with malformed content.
+            self.context.load_cert_chain(*client_pair)
 
     async def post(
         self, payload: bytes, *, path: str | None = None
@@ -82,7 +88,7 @@ class Webhook:
         return dict(body["response"])
 
 
-async def _webhook(api: client.ApiClient) -> Webhook:
+async def _webhook(api: client.ApiClient, operator: RunningOperator) -> Webhook:
     response = await client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
         WEBHOOK_CONFIGURATION, _preload_content=False
     )
@@ -90,7 +96,9 @@ async def _webhook(api: client.ApiClient) -> Webhook:
     (quota,) = [w for w in configuration["webhooks"] if w["name"] == QUOTA_WEBHOOK]
     config = quota["clientConfig"]
     assert config["url"].startswith("https://127.0.0.1:")
-    return Webhook(config["url"], base64.b64decode(config["caBundle"]).decode())
+    return Webhook(
+        config["url"], base64.b64decode(config["caBundle"]).decode(), operator.webhook_client
+    )
 
 
 def _review(
@@ -202,7 +210,7 @@ NOT_A_REVIEW = [
 async def test_unparseable_review_is_a_clear_400_and_tally_keeps_serving(
     operator: RunningOperator, api: client.ApiClient, namespace: str, payload: bytes
 ) -> None:
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     status, text, body = await webhook.post(payload)
     assert status == 400, text
     # Not an AdmissionReview at all, so certainly not one that allows something.
@@ -216,7 +224,7 @@ async def test_unparseable_review_is_a_clear_400_and_tally_keeps_serving(
 async def test_input_that_is_no_admission_review_is_refused_and_tally_keeps_serving(
     operator: RunningOperator, api: client.ApiClient, namespace: str, payload: bytes
 ) -> None:
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     status, text, body = await webhook.post(payload)
     # An error status: the API server then applies failurePolicy Fail, so nothing is admitted.
     assert status >= 400, text
@@ -228,7 +236,7 @@ async def test_input_that_is_no_admission_review_is_refused_and_tally_keeps_serv
 async def test_input_that_is_no_admission_review_gets_a_clear_4xx(
     operator: RunningOperator, api: client.ApiClient, payload: bytes
 ) -> None:
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     status, text, _ = await webhook.post(payload)
     assert status == 400, text
     assert "Server got itself in trouble" not in text, text
@@ -239,7 +247,7 @@ async def test_input_that_is_no_admission_review_gets_a_clear_4xx(
 async def test_review_without_user_info_or_object_is_refused(
     operator: RunningOperator, api: client.ApiClient, namespace: str
 ) -> None:
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     review = _review(namespace, _pod("p"))
     del review["request"]["userInfo"]
     status, text, _ = await webhook.post(json.dumps(review).encode())
@@ -264,7 +272,7 @@ async def test_review_for_a_resource_kopf_does_not_know_is_judged_like_any_objec
     # CRD watch may lag tally's webhook rules). tally then judges the request itself, as
     # upstream's plugin judges any resource: an object count, allowed when no quota names it,
     # refused past a quota that does.
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     obj = {
         "apiVersion": "nowhere.tally.dev/v1",
         "kind": "Widget",
@@ -304,7 +312,7 @@ async def test_pod_review_whose_object_is_not_a_pod_is_refused_with_a_message(
     # cannot compute its usage, so it must refuse (500, upstream's code for evaluation errors),
     # not allow it uncharged.
     await _quota(api, namespace, {"pods": "10", "requests.cpu": "10"})
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     obj = {"apiVersion": "v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": "nonsense"}
     answer = await webhook.review(_review(namespace, obj))
     assert answer["allowed"] is False, answer
@@ -364,7 +372,7 @@ async def test_quota_status_tally_cannot_compute_never_allows_what_a_valid_quota
     assert refused.value.status == 500
 
     # Straight to the webhook: the same refusal.
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     answer = await webhook.review(_review(namespace, _pod("third")))
     assert answer["allowed"] is False, answer
     assert answer["status"]["code"] == 500, answer
@@ -388,7 +396,7 @@ async def test_review_with_an_unparseable_quantity_is_refused_not_allowed(
     # that: with a valid quota on requests.cpu in the cache, a pod whose request does not parse
     # must be refused with a message naming the value.
     await _quota(api, namespace, {"requests.cpu": "1"})
-    webhook = await _webhook(api)
+    webhook = await _webhook(api, operator)
     answer = await webhook.review(_review(namespace, _pod("p", cpu="abc")))
     assert answer["allowed"] is False, answer
     assert answer["status"]["code"] == 500, answer  # upstream's code for evaluation errors

@@ -40,6 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
+import cluster
 from tally_e2e import ControlPlane, eventually
 
 SECRET = "tally-webhook-tls"
@@ -122,8 +123,10 @@ def tally_log(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client_pair(control_plane: ControlPlane) -> tuple[Path, Path] | None:
-    """A client certificate the webhook accepts (None: it asks for none)."""
-    return None
+    """A client certificate the webhook accepts: the API server's (``TallyProcess`` runs tally
+    with mutual TLS)."""
+    pki = cluster.webhook_client_pki(control_plane.kubeconfig.parent)
+    return pki.cert, pki.key
 
 
 def _tally(plane: ControlPlane, namespace: str, log: Path, **env: str) -> TallyProcess:

@@ -1,0 +1,195 @@
+"""Mutual TLS on tally's webhook (issue 7): only the API server gets answers.
+
+tally's quota admission writes quota status (reservations), so an AdmissionReview forged and
+POSTed straight to the webhook port could use up a namespace's quota. The ``operator`` fixture
+runs tally with ``TALLY_WEBHOOK_CLIENT_CA``: the CA of the client certificate this control
+plane's API server presents to webhooks (``hack/cluster.py``, operator mode).
+
+* A forged review (a well-formed CREATE of a pod in a namespace with a quota) sent without a
+  client certificate is refused in the TLS handshake, as is one with a client certificate from
+  another CA (named like the API server's); the quota's ``status.used`` does not move.
+* Requests through the API server are judged as usual: allowed, then denied over quota.
+* The control: a forged review with the API server's own certificate is answered and charged,
+  so the refusals above are what kept the quota unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import ssl
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes_asyncio import client
+
+from tally_e2e import RunningOperator, eventually
+
+QUOTA_WEBHOOK = "quota.tally.dev"
+IMAGE = "registry.example/app:1"
+
+
+def _review(namespace: str, obj: dict[str, Any], resource: str, kind: str) -> dict[str, Any]:
+    """An AdmissionReview as the API server sends it for a CREATE."""
+    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
+    gvk = {"group": "", "version": "v1", "kind": kind}
+    gvr = {"group": "", "version": "v1", "resource": resource}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": obj["metadata"]["name"],
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "mallory", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "a", "image": IMAGE}]},
+    }
+
+
+def _other_ca_client(directory: Path) -> tuple[Path, Path]:
+    """A client certificate like the API server's (same name, clientAuth), from another CA."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tally-local-webhook-client-ca")])
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-webhook-client")])
+        )
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "client.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return directory / "client.crt", directory / "client.key"
+
+
+class Refused(Exception):
+    """The connection failed below HTTP (no response at all)."""
+
+
+async def _post(
+    url: str, ca_pem: str, client_pair: tuple[Path, Path] | None, review: dict[str, Any]
+) -> dict[str, Any]:
+    """POST ``review`` to the webhook; its ``response``, or :class:`Refused`."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    if client_pair is not None:
+        context.load_cert_chain(*client_pair)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                url,
+                data=json.dumps(review).encode(),
+                headers={"Content-Type": "application/json"},
+                ssl=context,
+                timeout=aiohttp.ClientTimeout(total=15),
+            ) as response,
+        ):
+            assert 200 == response.status, await response.text()
+            body = await response.json()
+    except (aiohttp.ClientConnectionError, ssl.SSLError) as error:
+        raise Refused(repr(error)) from error
+    return dict(body["response"])
+
+
+async def _webhook_url_and_ca(api: client.ApiClient) -> tuple[str, str]:
+    response = await client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
+        "tally.dev", _preload_content=False
+    )
+    configuration = json.loads(await response.read())
+    (quota,) = [w for w in configuration["webhooks"] if w["name"] == QUOTA_WEBHOOK]
+    config = quota["clientConfig"]
+    return config["url"], base64.b64decode(config["caBundle"]).decode()
+
+
+async def _used(api: client.ApiClient, namespace: str) -> dict[str, str]:
+    quota = await client.CoreV1Api(api).read_namespaced_resource_quota("q", namespace)
+    return dict((quota.status and quota.status.used) or {})
+
+
+async def test_only_the_api_servers_certificate_gets_an_answer(
+    operator: RunningOperator, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    assert operator.webhook_client is not None, "the operator fixture runs with mutual TLS"
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_resource_quota(
+        namespace,
+        {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "1", "configmaps": "100"}}},
+    )
+    before = await eventually(
+        lambda: _used(api, namespace),
+        until=lambda used: used.get("pods") == "0" and "configmaps" in used,
+        what="the quota's status.used",
+    )
+    url, ca_pem = await _webhook_url_and_ca(api)
+
+    # 1. Forged: no client certificate, or one from another CA. Refused in the handshake.
+    for client_pair in (None, _other_ca_client(tmp_path / "other")):
+        with pytest.raises(Refused):
+            await _post(url, ca_pem, client_pair, _review(namespace, _pod("forged"), "pods", "Pod"))
+    await asyncio.sleep(1.0)  # time for a reservation to show, had one been made
+    assert before == await _used(api, namespace)
+
+    # 2. Through the API server: judged as usual.
+    await core.create_namespaced_pod(namespace, _pod("real"))
+    with pytest.raises(client.ApiException) as denied:
+        await core.create_namespaced_pod(namespace, _pod("over"))
+    assert 403 == denied.value.status
+    assert json.loads(denied.value.body)["message"] == (
+        f'admission webhook "{QUOTA_WEBHOOK}" denied the request: exceeded quota: q, '
+        "requested: pods=1, used: pods=1, limited: pods=1"
+    )
+
+    # 3. The control: the API server's certificate gets the same kind of forged review
+    # answered, and a configmap (within quota) charged — what the refusals prevented.
+    charged = await _used(api, namespace)
+    answer = await _post(
+        url,
+        ca_pem,
+        operator.webhook_client,
+        _review(namespace, {"metadata": {"name": "forged"}}, "configmaps", "ConfigMap"),
+    )
+    assert answer["allowed"] is True, answer
+    after = await _used(api, namespace)
+    assert int(charged["configmaps"]) + 1 == int(after["configmaps"])
