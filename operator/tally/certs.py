@@ -381,13 +381,22 @@ def problems(
     material: Material, hosts: Sequence[str], now: datetime.datetime, policy: Policy
 ) -> tuple[str, list[str]]:
     """For material tally only serves (mounted files): why it cannot be served at all ("" if
-    it can), and the warnings worth a log line (due for renewal: its issuer should renew)."""
-    unusable = _leaf_problem(material.cert, material.cas, hosts, now)
+    it can), and the warnings worth a log line.
+
+    Its issuer chose its validity, so "overdue" is measured on the certificate's own lifetime:
+    a warning once less than half of ``renew_fraction`` of it is left, well past the point
+    where an issuer renewing like tally (or like cert-manager's default, a third) has renewed
+    it and the kubelet has updated the mounted files.
+    """
+    cert = material.cert
+    unusable = _leaf_problem(cert, material.cas, hosts, now)
     warnings: list[str] = []
-    if now >= policy.renew_at(material.cert):
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    overdue_at = cert.not_valid_after_utc - lifetime * policy.renew_fraction / 2
+    if not unusable and now >= overdue_at:
         warnings.append(
-            f"serving certificate due for renewal since {_iso(policy.renew_at(material.cert))}, "
-            f"expires {_iso(material.cert.not_valid_after_utc)}: is its issuer renewing it?"
+            f"serving certificate expires {_iso(cert.not_valid_after_utc)} and was not renewed: "
+            "is its issuer renewing it?"
         )
     return unusable, warnings
 

@@ -2,14 +2,22 @@
 
 * ``overlays/mutual-tls``: the webhook requires the API server's client certificate; the CA
   comes from a ConfigMap mounted where ``TALLY_WEBHOOK_CLIENT_CA`` points.
+* ``overlays/cert-manager``: the serving certificate comes from cert-manager; the Deployment
+  mounts the Certificate's Secret where ``TALLY_WEBHOOK_CERT_MOUNT`` points, the Certificate
+  names every host tally checks, its Issuer is a CA (a stable caBundle), and tally keeps no
+  Secret of its own (no Role for one).
 
 Rendered with the kubectl built at the cluster's version (``kubectl kustomize``); the tally
 settings in the rendered Deployment are checked by tally's own settings model. No control plane
-is needed.
+is needed. cert-manager is not installed here, so nothing checks that cert-manager accepts the
+objects or issues what they ask for: the cert-manager test stands in for it by making what the
+Certificate describes (its names, a CA's ``ca.crt``) with ``tally.certs`` and having tally's
+own check for mounted files (``tally.certs.problems``) accept it for the rendered hosts.
 """
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,6 +25,7 @@ from typing import Any
 import yaml
 
 import cluster
+from tally import certs
 from tally.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,3 +88,57 @@ def test_mutual_tls_overlay() -> None:
     assert {"name": "tally-webhook-client-ca"} == volume["configMap"]  # not optional
     assert "ca.crt" == volume["inside"]
     assert volume["readOnly"]
+
+
+def test_cert_manager_overlay() -> None:
+    base, objects = render(REPO / "manifests"), render(REPO / "overlays" / "cert-manager")
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+
+    # The base minus tally's own certificate Secret access, plus cert-manager's objects.
+    assert keys(base) - keys(objects) == {
+        ("Role", "tally-system", "tally-webhook-tls"),
+        ("RoleBinding", "tally-system", "tally-webhook-tls"),
+    }
+    assert keys(objects) - keys(base) == {
+        ("Issuer", "tally-system", "tally-selfsigned"),
+        ("Certificate", "tally-system", "tally-webhook-ca"),
+        ("Issuer", "tally-system", "tally-webhook-ca"),
+        ("Certificate", "tally-system", "tally-webhook"),
+    }
+
+    # tally serves the mounted Secret, and keeps none of its own.
+    spec, container = tally_container(objects)
+    env = tally_env(container, "tally-system")
+    settings = Settings.from_env(env)  # tally's own checks accept it
+    assert "TALLY_WEBHOOK_CERT_SECRET" not in env
+    volume = volume_for(spec, container, env["TALLY_WEBHOOK_CERT_MOUNT"] + "/tls.crt")
+    assert volume["readOnly"]
+    serving = by_kind["Certificate"]["tally-webhook"]
+    assert {"secretName": serving["spec"]["secretName"]} == volume["secret"]
+
+    # Issued by a CA Issuer (ca.crt is that CA: the caBundle stays as the leaf renews), whose
+    # CA is a cert-manager CA Certificate from the self-signed Issuer.
+    issuer = by_kind["Issuer"][serving["spec"]["issuerRef"]["name"]]
+    ca_certificate = next(
+        c for c in by_kind["Certificate"].values()
+        if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]
+    )  # fmt: skip
+    assert ca_certificate["spec"]["isCA"] is True
+    assert "selfSigned" in by_kind["Issuer"][ca_certificate["spec"]["issuerRef"]["name"]]["spec"]
+    # Renewed with a third left, like tally's own certificates.
+    hours = {"8760h": 8760, "2920h": 2920}
+    assert 3 * hours[serving["spec"]["renewBefore"]] == hours[serving["spec"]["duration"]]
+
+    # What that Certificate describes is what tally accepts for the hosts it checks.
+    service = settings.webhook_service_ref
+    assert service is not None
+    hosts = [settings.webhook_host or settings.webhook_addr, *service.dns_names]
+    now = datetime.datetime.now(datetime.UTC)
+    ca, ca_key = certs.new_ca(now, datetime.timedelta(days=5 * 365))
+    cert, key = certs.new_serving_certificate(
+        ca, ca_key, serving["spec"]["dnsNames"], now, datetime.timedelta(days=365)
+    )
+    mounted = certs.Material(cas=(ca,), ca_key=None, cert=cert, key=key)
+    assert ("", []) == certs.problems(mounted, hosts, now, settings.certificate_policy)

@@ -41,6 +41,7 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
 import cluster
+from tally import certs
 from tally_e2e import ControlPlane, eventually
 
 SECRET = "tally-webhook-tls"
@@ -376,3 +377,115 @@ async def test_a_replaced_secret_is_noticed_and_renewed(
     await core.create_namespaced_config_map(namespace, {"metadata": {"name": "after"}})
     assert tally.running
     assert 1 == tally.starts
+
+
+# -- files someone else renews (TALLY_WEBHOOK_CERT_MOUNT, the cert-manager overlay)
+
+
+class Mount:
+    """A directory laid out as the kubelet mounts a Secret: each key a symlink into ``..data``,
+    itself a symlink to a timestamped directory that an update replaces in one rename."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.generation = 0
+        directory.mkdir(parents=True)
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        version = self.directory / f"..v{self.generation}"
+        version.mkdir()
+        for name, data in files.items():
+            (version / name).write_bytes(data)
+        link = self.directory / "..data_tmp"
+        link.symlink_to(version.name)
+        link.rename(self.directory / "..data")
+        for name in files:
+            if not (self.directory / name).is_symlink():
+                (self.directory / name).symlink_to(f"..data/{name}")
+
+
+def _issued(hosts: list[str], ca: tuple[x509.Certificate, Any] | None = None) -> dict[str, Any]:
+    """What cert-manager's CA Issuer writes: ca.crt (the CA), tls.crt, tls.key; and the CA."""
+    now = datetime.datetime.now(datetime.UTC)
+    if ca is None:
+        ca = certs.new_ca(now, datetime.timedelta(days=5 * 365))
+    cert, key = certs.new_serving_certificate(ca[0], ca[1], hosts, now, datetime.timedelta(days=90))
+    material = certs.Material(cas=(ca[0],), ca_key=None, cert=cert, key=key)
+    return {"files": material.secret_data(), "ca": ca, "cert": cert}
+
+
+async def test_mounted_files_are_served_and_followed(
+    control_plane: ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    tally_log: Path,
+    tmp_path: Path,
+    client_pair: tuple[Path, Path] | None,
+    stopped: list[TallyProcess],
+) -> None:
+    mount = Mount(tmp_path / "mounted")
+    first = _issued(["127.0.0.1"])
+    mount.write(first["files"])
+    tally = TallyProcess(
+        control_plane.kubeconfig,
+        tally_log,
+        bin_dir=control_plane.bin_dir,
+        env={
+            "TALLY_WEBHOOK_CERT_MOUNT": str(mount.directory),
+            "TALLY_WEBHOOK_CERT_CHECK_PERIOD": "1",
+        },
+    )
+    stopped.append(tally)
+    await asyncio.to_thread(tally.start)
+    assert pem(first["cert"]) == pem(await presented(tally.webhook_port, client_pair))
+    assert first["files"]["ca.crt"] == await ca_bundle(api)
+
+    core = client.CoreV1Api(api)
+    failures: list[str] = []
+    created = 0
+
+    async def create_for(seconds: float) -> None:
+        nonlocal created
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                await core.create_namespaced_config_map(
+                    namespace, {"metadata": {"name": f"c{created}"}}
+                )
+            except client.ApiException as error:
+                failures.append(f"c{created}: {error.status} {error.body}")
+            created += 1
+            await asyncio.sleep(0.25)
+
+    async def serving(cert: x509.Certificate) -> bool:
+        return pem(cert) == pem(await presented(tally.webhook_port, client_pair))
+
+    # The issuer renews the serving certificate (same CA): served within a check period, the
+    # caBundle unchanged.
+    renewed = _issued(["127.0.0.1"], first["ca"])
+    mount.write(renewed["files"])
+    await asyncio.gather(
+        create_for(4),
+        eventually(lambda: serving(renewed["cert"]), until=bool, within=10, what="renewal"),
+    )
+    assert first["files"]["ca.crt"] == await ca_bundle(api)
+
+    # The CA renews (ca.crt and tls.crt change together, as cert-manager's do): tally publishes
+    # both CAs before presenting the new certificate, then only the new CA.
+    rotated = _issued(["127.0.0.1"])
+    mount.write(rotated["files"])
+    await asyncio.gather(
+        create_for(8),
+        eventually(lambda: serving(rotated["cert"]), until=bool, within=15, what="new CA"),
+    )
+    await eventually(
+        lambda: ca_bundle(api),
+        until=lambda bundle: bundle == rotated["files"]["ca.crt"],
+        what="the caBundle naming the new CA only",
+    )
+    assert [] == failures, tally.log_text()
+    assert created > 20
+    assert 1 == tally.starts
+    assert tally.running
+    assert "ca.key" not in {p.name for p in mount.directory.iterdir()}  # never written to

@@ -379,12 +379,14 @@ def test_next_check_is_the_serving_certificates_renewal() -> None:
 
 
 def test_problems_of_mounted_material() -> None:
+    # 90 days, made at NOW: overdue with less than a sixth (15 days) left, i.e. from day 75.
     material = _fresh()
     assert ("", []) == certs.problems(material, HOSTS, NOW + DAY, POLICY)
-    unusable, warnings = certs.problems(material, HOSTS, NOW + 61 * DAY, POLICY)
+    assert ("", []) == certs.problems(material, HOSTS, NOW + 74 * DAY, POLICY)
+    unusable, warnings = certs.problems(material, HOSTS, NOW + 76 * DAY, POLICY)
     assert "" == unusable
     (warning,) = warnings
-    assert "due for renewal" in warning
+    assert "was not renewed" in warning
     assert "is its issuer renewing it?" in warning
     unusable, _ = certs.problems(material, ("elsewhere.example",), NOW + DAY, POLICY)
     assert "does not name elsewhere.example" in unusable
