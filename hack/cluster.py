@@ -535,19 +535,25 @@ class WebhookClientPki:
     key: Path
 
 
-def webhook_client_pki(directory: Path) -> WebhookClientPki:
+def webhook_client_pki(directory: Path) -> WebhookClientPki | None:
     """The webhook client CA and certificate of the control plane in ``directory`` (the
-    directory holding its ``kubeconfig``); ClusterError when it has none (reference mode, or
-    started before control planes had one)."""
-    pki = directory.resolve() / "pki"
+    directory holding its ``kubeconfig``); None in reference mode, whose API server presents
+    none. ClusterError for an operator-mode control plane without one (started before control
+    planes had one) or a directory holding no control plane."""
+    directory = directory.resolve()
+    state = State.load(directory)
+    if state is None:
+        raise ClusterError(f"no control plane recorded in {directory} (no state.json)")
+    if state.mode != "operator":
+        return None
+    pki = directory / "pki"
     found = WebhookClientPki(
         ca=pki / WEBHOOK_CLIENT_CA, cert=pki / WEBHOOK_CLIENT_CRT, key=pki / WEBHOOK_CLIENT_KEY
     )
-    state = State.load(directory.resolve())
-    if state is None or state.mode != "operator" or not found.ca.exists():
+    if not found.ca.exists():
         raise ClusterError(
-            f"{directory} holds no operator-mode control plane whose API server presents a "
-            "client certificate to webhooks; start a new one (hack/cluster.py down/up)"
+            f"the operator-mode control plane in {directory} presents no client certificate to "
+            "webhooks (started by an older hack/cluster.py); restart it (down, then up)"
         )
     return found
 

@@ -44,10 +44,12 @@ def main() -> int:
             # The webhook requires the API server's client certificate, as in a cluster set up
             # for it (README, "Mutual TLS"); a control plane from before that has none.
             try:
-                client_ca = cluster.webhook_client_pki(RUN_DIR).ca
-                mutual_tls = {"TALLY_WEBHOOK_CLIENT_CA": str(client_ca)}
+                pki = cluster.webhook_client_pki(RUN_DIR)
             except cluster.ClusterError as error:
                 print(f"[run] no mutual TLS: {error}", flush=True)
+            else:
+                if pki is not None:
+                    mutual_tls = {"TALLY_WEBHOOK_CLIENT_CA": str(pki.ca)}
     except cluster.ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -149,7 +149,7 @@ def operator(
         liveness_url,
         log,
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
-        webhook_client=(pki.cert, pki.key),
+        webhook_client=None if pki is None else (pki.cert, pki.key),
     )
     try:
         deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S

@@ -63,9 +63,10 @@ def webhook_ports(bin_dir: Path, kubeconfig: Path, configuration: str) -> set[in
 def mutual_tls_env(admin_kubeconfig: Path) -> dict[str, str]:
     """The setting that makes tally's webhook require the client certificate the API server
     of this control plane presents (``hack/cluster.py``, operator mode): the e2e suite runs
-    tally with mutual TLS, as a cluster should."""
+    tally with mutual TLS, as a cluster should. Nothing for a reference-mode control plane,
+    whose API server presents none."""
     pki = cluster.webhook_client_pki(admin_kubeconfig.parent)
-    return {"TALLY_WEBHOOK_CLIENT_CA": str(pki.ca)}
+    return {} if pki is None else {"TALLY_WEBHOOK_CLIENT_CA": str(pki.ca)}
 
 
 class OperatorError(RuntimeError):

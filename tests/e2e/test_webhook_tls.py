@@ -127,6 +127,7 @@ def client_pair(control_plane: ControlPlane) -> tuple[Path, Path] | None:
     """A client certificate the webhook accepts: the API server's (``TallyProcess`` runs tally
     with mutual TLS)."""
     pki = cluster.webhook_client_pki(control_plane.kubeconfig.parent)
+    assert pki is not None, "an operator-mode control plane"
     return pki.cert, pki.key
 
 
