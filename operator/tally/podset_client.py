@@ -3,29 +3,31 @@
 Every call has a timeout, carries tally's field manager, and turns API failures into
 :class:`tally.podset.controller.PodControlError` with the HTTP status and the Status causes
 (the controller needs "namespace terminating" and "not found" apart from other errors).
-Events are posted in the background: a lost Event must never fail or slow a sync.
+
+Events go through :class:`tally.events.EventBroadcaster` (client-go's recorder and
+correlator): recorded without blocking, aggregated, counted and spam-filtered, then created or
+patched by one background task through :class:`KubeEventSink`. A lost Event must never fail or
+slow a sync.
 
 An optional :class:`TokenBucket` (``TALLY_PODSET_QPS`` / ``TALLY_PODSET_BURST``) sits in front
 of the pod writes and the PodSet reads and status writes, like the client-side rate limiter of
 kube-controller-manager's ``replicaset-controller`` client (``--kube-api-qps`` 20 /
-``--kube-api-burst`` 30 by default), so the two can be compared on equal terms. Events are not
-throttled: upstream's recorder drops most of a burst with its spam filter instead, which tally's
-recorder does not have.
+``--kube-api-burst`` 30 by default), so the two can be compared on equal terms.
+:class:`KubeEventRecorder` accepts one too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally import kube
+from tally import events, kube
 from tally.errors import Conflict
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
@@ -39,15 +41,21 @@ PLURAL: Final = "podsets"
 COMPONENT: Final = "tally-podset-controller"
 
 
-def _control_error(error: client.ApiException) -> PodControlError:
+def _status_of(error: client.ApiException) -> tuple[str, list[str]]:
+    """The Status message and its causes' reasons (``details.causes[].reason``)."""
     message = str(error.reason or "")
     causes: list[str] = []
     try:
         body = json.loads(error.body or "{}")
         message = body.get("message") or message
         causes = [c.get("reason", "") for c in (body.get("details") or {}).get("causes") or []]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         pass
+    return message, causes
+
+
+def _control_error(error: client.ApiException) -> PodControlError:
+    message, causes = _status_of(error)
     return PodControlError(message, status=int(error.status or 0), causes=causes)
 
 
@@ -162,49 +170,70 @@ class KubePodSetClient:
             raise
 
 
-class KubeEventRecorder:
-    """Posts core/v1 Events about PodSets, like upstream's event recorder (without its
-    aggregation and spam filtering)."""
+class KubeEventSink:
+    """:class:`tally.events.EventSink` over the core/v1 events API (client-go's
+    ``EventSinkImpl``): POST to create, strategic merge PATCH to count a repeat."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self._core = client.CoreV1Api(api)
-        self._tasks: set[asyncio.Task[None]] = set()
+    def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
+        self._api = api
+        self._limiter = limiter
+
+    async def _call(self, path: str, method: str, body: Any, content_type: str) -> events.Event:
+        if self._limiter is not None:
+            await self._limiter.wait()
+        try:
+            raw = await self._api.call_api(
+                path,
+                method,
+                query_params=[("fieldManager", kube.FIELD_MANAGER)],
+                body=body,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                response_types_map={200: "object", 201: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=kube.REQUEST_TIMEOUT_S,
+            )
+        except client.ApiException as error:
+            # The server answered: the correlator's sink loop must not retry (upstream's
+            # StatusError). Anything else (no connection, a timeout) propagates and is retried.
+            message, causes = _status_of(error)
+            raise events.StatusError(int(error.status or 0), message, tuple(causes)) from error
+        return events.event_from_json(raw if isinstance(raw, Mapping) else {})
+
+    async def create(self, event: events.Event) -> events.Event:
+        path = kube.collection_path("", "v1", "events", event.namespace)
+        return await self._call(path, "POST", events.event_to_json(event), "application/json")
+
+    async def patch(self, event: events.Event, patch: Mapping[str, Any] | None) -> events.Event:
+        path = kube.collection_path("", "v1", "events", event.namespace) + f"/{event.name}"
+        return await self._call(path, "PATCH", dict(patch or {}), PATCH_CONTENT_TYPE)
+
+
+class KubeEventRecorder:
+    """Records Events about PodSets like upstream's ReplicaSet controller: through client-go's
+    correlator (aggregation, counting, spam filter) and one background writer
+    (:class:`tally.events.EventBroadcaster`), with source ``tally-podset-controller``."""
+
+    def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
+        self._broadcaster = events.EventBroadcaster(
+            KubeEventSink(api, limiter=limiter), events.EventSource(component=COMPONENT)
+        )
 
     def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        task = asyncio.create_task(self._post(obj, type_, reason, message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _post(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         metadata = obj.get("metadata") or {}
-        namespace = str(metadata.get("namespace") or "")
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event: dict[str, Any] = {
-            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": PODSET_API_VERSION,
-                "kind": PODSET_KIND,
-                "name": metadata.get("name"),
-                "namespace": metadata.get("namespace"),
-                "uid": metadata.get("uid"),
-                "resourceVersion": metadata.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "source": {"component": COMPONENT},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-        }
-        try:
-            await self._core.create_namespaced_event(
-                namespace, cast(Any, event), _request_timeout=kube.REQUEST_TIMEOUT_S
-            )
-        except Exception as error:  # an Event is best effort, never a reason to fail
-            logger.warning("could not post event %s on %s: %s", reason, metadata.get("name"), error)
+        # ``ref.GetReference``: the object as the controller saw it, resourceVersion included
+        # (no correlation key uses it).
+        ref = events.ObjectReference(
+            kind=PODSET_KIND,
+            namespace=str(metadata.get("namespace") or ""),
+            name=str(metadata.get("name") or ""),
+            uid=str(metadata.get("uid") or ""),
+            api_version=PODSET_API_VERSION,
+            resource_version=str(metadata.get("resourceVersion") or ""),
+        )
+        self._broadcaster.event(ref, type_, reason, message)
 
     async def flush(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """For shutdown: write what is queued (each Event tried once) and stop the writer;
+        Events recorded afterwards are dropped."""
+        await self._broadcaster.shutdown()

@@ -15,6 +15,8 @@
   never written and tally logs the refusal.
 * The built-in quota probe's Role: with it the probe concludes (in ``tally-system``); without
   its binding tally logs which request was refused and starts anyway.
+* PodSet Events are created and, once aggregated, patched (``patch`` on ``events``) with the
+  ServiceAccount alone.
 
 Everything installed is removed at the end of the module (the CRD only if this module created
 it), so other modules see the control plane as they would without it.
@@ -425,6 +427,49 @@ def test_without_the_probe_role_tally_cannot_tell_and_starts(
         f'namespace "{NAMESPACE}"'
     ) in line
     assert "failed permanently" not in log
+
+
+async def test_podset_events_are_created_and_patched_with_the_service_account(
+    installed: Installed, sa_tally: SaTally, api: client.ApiClient, namespace: str
+) -> None:
+    """11 creates: the 10th Event is the aggregate (a create), the 11th counts it (a patch)."""
+    labels = {"app": "burst"}
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "tally.dev",
+        "v1alpha1",
+        namespace,
+        "podsets",
+        {
+            "apiVersion": "tally.dev/v1alpha1",
+            "kind": "PodSet",
+            "metadata": {"name": "burst"},
+            "spec": {
+                "replicas": 11,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        },
+    )
+    core = client.CoreV1Api(api)
+
+    async def counts() -> list[tuple[str, int]]:
+        found = await core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=burst"
+        )
+        return sorted((e.message.split(":")[0], e.count) for e in found.items)
+
+    await eventually(
+        counts,
+        until=lambda c: (
+            c == sorted([("Created pod", 1)] * 9 + [("(combined from similar events)", 2)])
+        ),
+        within=60,
+        what="9 Events and an aggregate counted twice",
+    )
+    assert "forbidden" not in sa_tally.log_text(tail=10_000).lower()
 
 
 async def test_without_quota_status_update_no_status_is_written(

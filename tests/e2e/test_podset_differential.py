@@ -12,12 +12,18 @@ current generation; the conditions by type, status and reason; and for a ``Repli
 the ``exceeded quota: ...`` part of its message (the prefixes differ: upstream's quota plugin
 says ``pods "..." is forbidden: ...``, tally's webhook adds ``admission webhook ... denied the
 request: ...``).
+
+Events are compared the same way, at their own checkpoints: the Events about the workload as
+(type, reason, count, message with the pod name replaced), sorted. Both controllers' recorders
+aggregate, count and spam-filter (client-go's correlator), so 12 creates leave 9 Events of
+their own and one ``(combined from similar events): ...`` Event with count 3.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -89,6 +95,43 @@ class Side:
             what=f"{self.label}: checkpoint {label!r}",
         )
         self.checkpoints[label] = first
+
+    async def events(self, name: str) -> list[tuple[str, str, int, str]]:
+        """The Events about workload ``name``: type, reason, count and message (the pod name
+        in it replaced by ``<pod>``), sorted."""
+        response = await client.CoreV1Api(self.api).list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+        )
+        pod = re.compile(rf"pod: {re.escape(name)}-[a-z0-9]+$")
+        return sorted(
+            (
+                str(event.get("type")),
+                str(event.get("reason")),
+                int(event.get("count") or 0),
+                pod.sub("pod: <pod>", str(event.get("message") or "")),
+            )
+            for event in json.loads(await response.read())["items"]
+            if event["involvedObject"].get("kind") == self.workload.kind
+        )
+
+    async def event_checkpoint(
+        self, label: str, name: str, anchor: list[tuple[str, str, int, str]]
+    ) -> None:
+        """Wait until the Events are ``anchor`` and unchanged STABLE_AFTER_S later; record them."""
+
+        async def settled() -> tuple[list[Any], list[Any]]:
+            first = await self.events(name)
+            await asyncio.sleep(STABLE_AFTER_S)
+            return first, await self.events(name)
+
+        first, _ = await eventually(
+            settled,
+            until=lambda pair: pair[0] == pair[1] == anchor,
+            within=ANCHOR_WITHIN_S,
+            interval=0.0,
+            what=f"{self.label}: event checkpoint {label!r}",
+        )
+        self.checkpoints[label] = {"events": first}
 
     async def create(self, name: str, replicas: int, **kw: Any) -> None:
         await self.workload.create(self.api, self.namespace, name, replicas, **kw)
@@ -231,6 +274,27 @@ async def quota_script(side: Side) -> None:
     )
 
 
+def aggregated(event_type: str, reason: str, message: str, total: int) -> list[Any]:
+    """``total`` Events of one reason about one object, as client-go's correlator writes them:
+    the first 9 on their own, the 10th and later as one aggregate counting them."""
+    single = [(event_type, reason, 1, message)] * 9
+    combined = (event_type, reason, total - 9, f"(combined from similar events): {message}")
+    return [*single, combined]
+
+
+async def events_script(side: Side) -> None:
+    await side.create("burst", 0)
+    await side.checkpoint("created with 0", "burst", counts(0))
+    await side.scale("burst", 12)
+    await side.checkpoint("scaled to 12", "burst", counts(12, fullyLabeledReplicas=12))
+    creates = aggregated("Normal", "SuccessfulCreate", "Created pod: <pod>", 12)
+    await side.event_checkpoint("events of 12 creates", "burst", sorted(creates))
+    await side.scale("burst", 0)
+    await side.checkpoint("scaled to 0", "burst", counts(0))
+    deletes = aggregated("Normal", "SuccessfulDelete", "Deleted pod: <pod>", 12)
+    await side.event_checkpoint("events of 12 deletes", "burst", sorted(creates + deletes))
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -249,3 +313,8 @@ async def test_adoption_and_release(sides: tuple[Side, Side]) -> None:
 async def test_quota_failure_condition(sides: tuple[Side, Side]) -> None:
     """Upstream e2e "should surface a failure condition on a common issue like exceeded quota"."""
     assert_same(await run_both(*sides, quota_script))
+
+
+async def test_events_aggregated_like_upstream(sides: tuple[Side, Side]) -> None:
+    """12 creates and 12 deletes: the same Events as upstream's recorder leaves, aggregated."""
+    assert_same(await run_both(*sides, events_script))

@@ -13,8 +13,10 @@ tests exercise against the API server.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
+import pathlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -63,6 +65,24 @@ class FakeClock:
 
     def step(self, seconds: float) -> None:
         self.time += int(seconds * S)
+
+
+def test_core_imports_nothing_forbidden() -> None:
+    """tally.events is pure core (STYLE.md): no kopf, kubernetes_asyncio or pydantic."""
+    tree = ast.parse(pathlib.Path(events.__file__).read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    bad = {
+        name
+        for name in imported
+        if name.split(".")[0] in ("kopf", "kubernetes_asyncio", "pydantic")
+    }
+    assert set() == bad
 
 
 # -- events_cache_test.go helpers --------------------------------------------------------------
