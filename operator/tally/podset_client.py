@@ -10,10 +10,10 @@ patched by one background task through :class:`KubeEventSink`. A lost Event must
 slow a sync.
 
 An optional :class:`TokenBucket` (``TALLY_PODSET_QPS`` / ``TALLY_PODSET_BURST``) sits in front
-of the pod writes and the PodSet reads and status writes, like the client-side rate limiter of
-kube-controller-manager's ``replicaset-controller`` client (``--kube-api-qps`` 20 /
-``--kube-api-burst`` 30 by default), so the two can be compared on equal terms.
-:class:`KubeEventRecorder` accepts one too.
+of the pod writes, the PodSet reads and status writes, and the Event writes, like the
+client-side rate limiter of kube-controller-manager's ``replicaset-controller`` client
+(``--kube-api-qps`` 20 / ``--kube-api-burst`` 30 by default), which its Event sink shares, so
+the two can be compared on equal terms.
 """
 
 from __future__ import annotations

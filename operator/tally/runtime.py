@@ -126,10 +126,10 @@ class Runtime:
             replenish=self.controller.replenish,
             on_kind_synced=self._count_kind_synced,
         )
-        self.recorder = podset_client.KubeEventRecorder(api)
-        # One client-side budget for the PodSet controller's requests (upstream: one per
-        # controller client); None = unlimited.
+        # One client-side budget for the PodSet controller's requests, its Events included
+        # (upstream: one per controller client, which its Event sink shares); None = unlimited.
         limiter = podset_client.token_bucket(settings.podset_qps, settings.podset_burst)
+        self.recorder = podset_client.KubeEventRecorder(api, limiter=limiter)
         self.podset_controller = PodSetController(
             self.informers[PODSETS].store,
             self.pod_views.store,

@@ -15,7 +15,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from tally import events
-from tally.podset_client import KubeEventRecorder, KubeEventSink
+from tally.podset_client import KubeEventRecorder, KubeEventSink, TokenBucket
+from tally.workqueue import FakeClock
 
 pytestmark = pytest.mark.unit
 
@@ -126,3 +127,19 @@ async def test_recorder_retries_a_transport_error_then_gives_up_on_shutdown() ->
     await recorder.flush()
     assert 1 == len(api.requests)
     assert {} == api.stored
+
+
+async def test_event_writes_share_the_controller_limiter() -> None:
+    """Upstream's Event sink uses the replicaset-controller's client, so its writes spend the
+    same ``--kube-api-qps`` budget; tally's recorder takes the PodSet limiter likewise."""
+    sleeps: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    limiter = TokenBucket(1, 1, clock=FakeClock(), sleep=sleep)
+    recorder = KubeEventRecorder(FakeApi(), limiter=limiter)  # type: ignore[arg-type]
+    recorder.event(PODSET, "Normal", "SuccessfulCreate", "Created pod: web-1")
+    recorder.event(PODSET, "Normal", "SuccessfulDelete", "Deleted pod: web-1")
+    await recorder.flush()
+    assert [1.0] == sleeps  # the second write waited for the second token
