@@ -30,6 +30,7 @@ from tally.podset import podutil, ranking, replicas, status
 from tally.podset.expectations import UIDTrackingControllerExpectations
 from tally.selectors import LabelSelector, SelectorError, parse_label_selector
 from tally.workqueue import (
+    DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
     RateLimitingQueue,
     WorkerPool,
@@ -192,8 +193,10 @@ class PodSetController:
     def start(self) -> None:
         self._pool.start()
 
-    async def stop(self) -> None:
-        await self._pool.stop()
+    async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
+        """Stop the workers; syncs still running after ``grace_period`` seconds are cancelled
+        (0: at once, when leadership is lost)."""
+        await self._pool.stop(grace_period=grace_period)
 
     # -- PodSet events
 

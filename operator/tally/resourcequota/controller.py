@@ -40,6 +40,7 @@ from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.quantity import Quantity
 from tally.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
+    DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
     RateLimitingQueue,
     WorkerPool,
@@ -368,12 +369,14 @@ class ResourceQuotaController:
             await asyncio.sleep(self.resync_period)
             self.enqueue_all()
 
-    async def stop(self) -> None:
+    async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
+        """Stop the resync loop and the workers; syncs still running after ``grace_period``
+        seconds are cancelled (0: at once, when leadership is lost)."""
         if self._resync_task is not None:
             self._resync_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resync_task
-        await asyncio.gather(*(pool.stop() for pool in self._pools))
+        await asyncio.gather(*(pool.stop(grace_period=grace_period) for pool in self._pools))
 
 
 class InvalidQuota(ValueError):

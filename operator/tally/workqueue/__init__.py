@@ -32,9 +32,10 @@ from tally.workqueue.limiters import (
 from tally.workqueue.metrics import MetricsProvider, NoopMetricsProvider, PrometheusMetricsProvider
 from tally.workqueue.queue import Queue, ShutDown
 from tally.workqueue.rate_limiting import RateLimitingQueue
-from tally.workqueue.runner import WorkerPool
+from tally.workqueue.runner import DEFAULT_STOP_TIMEOUT, WorkerPool
 
 __all__ = [
+    "DEFAULT_STOP_TIMEOUT",
     "BucketRateLimiter",
     "Clock",
     "DelayingQueue",

@@ -132,8 +132,17 @@ class WorkerPool(Generic[T]):
         """Stop gracefully: shut the queue down with drain, let the workers return, and cancel
         those that have not within ``grace_period`` seconds; log any that still hang after
         ``cancel_timeout`` more seconds. If ``stop`` itself is cancelled (a second signal),
-        it cancels every worker at once and re-raises."""
+        it cancels every worker at once and re-raises.
+
+        ``grace_period`` 0 stops at once: no sync is started any more, not even of an item
+        already queued, and those in flight are cancelled (a leader that lost its lease)."""
         self._stopping = True
+        if grace_period <= 0:
+            self._queue.shut_down()
+            pending = {task for task in self._tasks if not task.done()}
+            if pending:
+                await self._cancel(pending, cancel_timeout)
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_period
         try:

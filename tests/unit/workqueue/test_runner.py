@@ -158,6 +158,30 @@ async def test_stop_cancels_workers_that_hang(caplog: pytest.LogCaptureFixture) 
     assert not any(record.levelno >= logging.ERROR for record in caplog.records)
 
 
+# tally (a leader that lost its lease): stop at once, no sync of what is queued, in-flight
+# syncs cancelled, and no warning about a drain that was not asked for.
+async def test_stop_without_grace_starts_nothing_more(caplog: pytest.LogCaptureFixture) -> None:
+    q = _queue(clocks.FakeClock())
+    started: list[str] = []
+
+    async def sync(key: str) -> None:
+        started.append(key)
+        await asyncio.Event().wait()  # never returns
+
+    pool = runner.WorkerPool(q, sync, workers=1)
+    pool.start()
+    q.add("a")
+    q.add("b")
+    await _yield()
+    with caplog.at_level(logging.WARNING, logger=runner.__name__):
+        await pool.stop(grace_period=0, cancel_timeout=1)
+    assert ["a"] == started
+    assert [True] == [task.cancelled() for task in pool.tasks]
+    assert [] == caplog.records
+    await _yield()
+    assert ["a"] == started, "b was queued, but must not be synced after the stop"
+
+
 # Kopf aiotasks.stop: a task that ignores cancellation is logged, not waited for forever.
 async def test_stop_logs_workers_that_ignore_cancellation(
     caplog: pytest.LogCaptureFixture,
