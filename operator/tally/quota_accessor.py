@@ -81,6 +81,11 @@ class KubeQuotaAccessor:
         self._reserved_at[_key(stored)] = time.monotonic()
         return stored
 
+    def reservation_observed(self, key: tuple[str, str]) -> None:
+        """A watch event showed usage of this quota raised: possibly another replica's
+        reservation, which this process must not erase either (``usage_raised``)."""
+        self._reserved_at[key] = time.monotonic()
+
     def since_reservation(self, key: tuple[str, str]) -> float | None:
         at = self._reserved_at.get(key)
         return None if at is None else time.monotonic() - at

@@ -36,7 +36,7 @@ from tally.metrics import Metrics
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota_accessor import KubeQuotaAccessor
 from tally.registrar import WebhookRegistrar
-from tally.resourcequota.controller import ResourceQuotaController, quota_key
+from tally.resourcequota.controller import ResourceQuotaController, quota_key, usage_raised
 from tally.settings import Settings
 from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
 from tally.webhook_tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
@@ -179,6 +179,9 @@ class Runtime:
                 controller.add_quota(change.new or {})
             else:
                 controller.update_quota(change.old or {}, change.new or {})
+                if usage_raised(change.old or {}, change.new or {}):
+                    # Possibly another replica's reservation: protected like our own.
+                    self.accessor.reservation_observed(quota_key(change.new or {}))
             self.dynamic.poke()
             if self.registrar is not None:
                 self.registrar.quotas_changed()

@@ -390,6 +390,23 @@ def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
     logger.critical("task %s ended unexpectedly: %r", task.get_name(), error, exc_info=error)
 
 
+def usage_raised(old: Obj, new: Obj) -> bool:
+    """Whether a quota update raised some ``status.used`` value that both versions name.
+
+    That is what a reservation by admission looks like on the quota's watch, whichever
+    replica's admission made it. The caller treats it like one of its own reservations
+    (``RESERVATION_GRACE_S``): with several replicas the leader's controller must not lower a
+    charge that another replica's admission made a moment ago for an object its caches have not
+    seen yet. A name new in ``used`` is the controller's first calculation, not a charge.
+    """
+    try:
+        before = parse_resource_list((old.get("status") or {}).get("used"), "status.used")
+        after = parse_resource_list((new.get("status") or {}).get("used"), "status.used")
+    except ResourceListError:
+        return False
+    return any(name in before and value > before[name] for name, value in after.items())
+
+
 def tracked_names(registry: Registry, names: Iterable[str]) -> list[str]:
     """The names some registered evaluator measures."""
     return sorted({n for evaluator in registry.list() for n in evaluator.matching_resources(names)})

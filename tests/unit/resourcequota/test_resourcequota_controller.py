@@ -40,6 +40,7 @@ from tally.resourcequota.controller import (
     Conflict,
     QuotaKey,
     ResourceQuotaController,
+    usage_raised,
 )
 
 pytestmark = pytest.mark.unit
@@ -927,6 +928,32 @@ async def test_reservation_grace(
     else:
         # Looked at again once the grace is over, not dropped.
         assert [(("testing", "quota"), pytest.approx(0.8))] == delayed
+
+
+def _with_used(used: Mapping[str, str] | None) -> Obj:
+    status = {} if used is None else {"status": {"hard": {"pods": "10"}, "used": dict(used)}}
+    return {"metadata": {"name": "q", "namespace": "testing"}, **status}
+
+
+@pytest.mark.parametrize(
+    ("old_used", "new_used", "raised"),
+    [
+        pytest.param({"pods": "1"}, {"pods": "2"}, True, id="a-charge"),
+        pytest.param({"pods": "1", "cpu": "1"}, {"pods": "1", "cpu": "1500m"}, True, id="cpu"),
+        pytest.param({"pods": "2"}, {"pods": "1"}, False, id="replenished"),
+        pytest.param({"pods": "1"}, {"pods": "1"}, False, id="unchanged"),
+        pytest.param({"pods": "1"}, {"pods": "1000m"}, False, id="same-in-another-form"),
+        pytest.param(None, {"pods": "3"}, False, id="first-calculation"),
+        pytest.param({}, {"pods": "3"}, False, id="new-name"),
+        pytest.param({"pods": "1"}, {"pods": "not-a-quantity"}, False, id="unparseable"),
+    ],
+)
+def test_usage_raised(
+    old_used: Mapping[str, str] | None, new_used: Mapping[str, str], raised: bool
+) -> None:
+    # tally, for several replicas: another replica's reservation, seen on the quota's watch,
+    # counts for the reservation grace like one of this process's own.
+    assert raised == usage_raised(_with_used(old_used), _with_used(new_used))
 
 
 async def test_a_kind_without_a_store_keeps_its_last_observation() -> None:
