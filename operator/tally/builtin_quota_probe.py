@@ -5,8 +5,11 @@ makes them, in a namespace tally's webhook exempts (``TALLY_NAMESPACE``, else ``
 so that no tally webhook — an earlier run's left registered, dead or alive — stands between
 the probe and the built-in plugin:
 
-1. Delete a leftover probe quota (a start killed mid-probe), then create the probe
-   (``spec.hard: {resourcequotas: "0"}``).
+1. Make room, then create the probe (``spec.hard: {resourcequotas: "0"}``). A probe quota
+   already there is another tally's probe in progress (replicas starting together) or the
+   leftover of a start killed mid-probe: it is left alone for :data:`LEFTOVER_WAIT_S`, and
+   deleted (UID precondition) only if it is still there then. A create that finds one created
+   meanwhile (409) makes room again.
 2. Write its status at once, ``hard: {resourcequotas: "0"}, used: {resourcequotas: "0"}``, as
    tally (field manager ``tally``). The admission plugin enforces only a quota whose
    ``status.hard`` is set, and this write makes that true even when the controller is off.
@@ -73,6 +76,11 @@ size), so it is kept well under a second."""
 SETTLE_S: Final = 0.25
 """How long the probe's ``status.hard`` must have been set before an admitted dry run counts as
 "plugin off" (the plugin judges against its informer's copy, normally milliseconds behind)."""
+LEFTOVER_WAIT_S: Final = 3.0
+"""How long a probe quota found at start may be another tally's probe in progress before it
+counts as a leftover and is deleted. A probe takes under a second (:data:`CONTROLLER_WAIT_S`,
+:data:`SETTLE_S` and a few requests); deleting another replica's probe mid-run would leave
+that replica unable to tell. Only a real leftover (a killed start) costs this wait."""
 POLL_S: Final = 0.05
 TIMEOUT_S: Final = 10.0
 """The bound on the whole probe, cleanup aside: a probe that hangs must not hang start-up."""
@@ -142,18 +150,50 @@ class _Probe:
         )
 
     async def run(self) -> None:
-        await self._request("DELETE", f"{self._path}/{PROBE_NAME}")  # a leftover, if any
-        if not await self._create():
+        while True:
+            await self._make_room()
+            created = await self._create()
+            if created is not None:
+                break
+        if not created:
             return
         await self._watch_status()
         await self._dry_run()
 
-    async def _create(self) -> bool:
+    async def _make_room(self) -> None:
+        """Step 1: wait for another start's probe to go, delete a leftover (module doc)."""
+        path = f"{self._path}/{PROBE_NAME}"
+        seen: tuple[str, float] | None = None  # (uid, first seen)
+        while True:
+            answer = await self._request("GET", path)
+            if answer.status == 404:
+                return
+            if not answer.ok:
+                # Cannot look (no get permission, an error): delete whatever is there, as
+                # before replicas probed side by side; a failure shows up at the create.
+                await self._request("DELETE", path)
+                return
+            uid = str(answer.body.get("metadata", {}).get("uid") or "")
+            now = self._loop.time()
+            if seen is None or seen[0] != uid:
+                seen = (uid, now)
+            elif now - seen[1] >= LEFTOVER_WAIT_S:
+                logger.info("deleting a leftover built-in quota probe %s/%s (uid %s)",
+                            self.namespace, PROBE_NAME, uid)  # fmt: skip
+                await self._request("DELETE", path, body={"preconditions": {"uid": uid}})
+                return
+            await asyncio.sleep(2 * POLL_S)
+
+    async def _create(self) -> bool | None:
+        """Create the probe and set its status; False: no probe (findings set); None: another
+        start's probe was created meanwhile (make room again)."""
         answer = await self._request(
             "POST",
             self._path,
             body=_probe_quota(PROBE_NAME, {PROBE_RESOURCE: "0"}),
         )
+        if answer.status == 409:
+            return None
         if not answer.ok:
             finding = admission_finding(
                 answer.status, answer.message, what="creating the probe quota"

@@ -12,7 +12,8 @@ the probe quota in the API.
   plugin turned off; a control plane of its own, ~3 s to start): tally stops, and the message
   names that part's flag only.
 * **Operator mode**: tally starts, logs that the built-in system is off, and removes the probe
-  (and a leftover probe a killed start would leave).
+  (and a leftover probe a killed start would leave). Two replicas starting together both
+  conclude: neither deletes the other's probe mid-run.
 * **A dead webhook** in front of the probe namespace (what a killed tally can leave behind) is
   not taken for the built-in plugin: tally cannot tell, says so, and starts (fail-open).
 """
@@ -24,6 +25,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -223,6 +225,36 @@ def test_operator_mode_starts_and_leaves_no_probe_behind(
     assert PLUGIN_OFF + "a dry-run create of a ResourceQuota was admitted" in line
     assert CONTROLLER_OFF + "nobody but tally wrote the probe quota's status" in line
     print(f"probe against operator mode: {_probe_took_ms(line)} ms")
+    assert [] == _probe_quotas(control_plane)
+
+
+def test_replicas_starting_together_both_conclude(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    # Two replicas of a Deployment start at the same moment and probe in the same namespace:
+    # neither deletes the other's probe mid-run (one waits for the other's to go), so both
+    # can tell, and no probe is left behind.
+    namespace = f"bq-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", namespace)
+    replicas = [
+        _tally(control_plane, tmp_path / f"tally-{n}.log", TALLY_NAMESPACE=namespace)
+        for n in range(2)
+    ]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for started in [pool.submit(replica.start) for replica in replicas]:
+                started.result()
+        logs = [replica.log_text(tail=10_000) for replica in replicas]
+    finally:
+        for replica in replicas:
+            replica.kill()
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    for log in logs:
+        lines = [line for line in log.splitlines() if "built-in quota system is off" in line]
+        assert len(lines) == 1, log
+        assert f"(Probe: quota {namespace}/{PROBE}, " in lines[0]
+        assert "could not tell whether" not in log
+        assert "deleting a leftover" not in log
     assert [] == _probe_quotas(control_plane)
 
 
