@@ -32,8 +32,10 @@ after :meth:`DynamicKinds.poke` (call it when quotas change), it:
 A named resource that is missing, forbidden or not quotable is *reported*, never fatal: a
 WARNING log line once per resource and problem, and a Warning Event (reason
 :data:`REASON_UNKNOWN_RESOURCE`, :data:`REASON_FORBIDDEN` or :data:`REASON_UNSUPPORTED`) on
-each quota naming it, once per quota and problem. Problems are retried every period, so a CRD
-created after its quota is picked up within one period.
+each quota naming it, once per quota and problem (with leader election, Events by the leader
+only: every replica watches the same kinds, so that admission and a takeover find them
+synced). Problems are retried every period, so a CRD created after its quota is picked up
+within one period.
 
 A poke recomputes only the set of names (cheap; quota status writes poke too) and talks to
 discovery only when that set gained a resource. Transient discovery failures (5xx, connection)
@@ -402,8 +404,13 @@ class DynamicKinds:
         recorder: EventRecorder | None = None,
         fetch: Fetch | None = None,
         reflector_factory: Callable[..., Reflector] | None = None,
+        may_report: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``may_report``: whether Events may be posted now. With leader election only the
+        leader posts them (every replica watches and logs); a replica that becomes leader
+        posts what is still untold at its next pass (poke it)."""
         self._api = api
+        self._may_report = may_report
         self.registry = registry
         self._quotas = quotas
         self.stores = stores
@@ -638,6 +645,8 @@ class DynamicKinds:
                     gr, problem.reason, problem.message,
                     ", ".join(_quota_name(q) for q in wanted.get(gr, ())),
                 )  # fmt: skip
+            if not self._may_report():
+                continue  # not the leader: untold, so told once this replica leads
             for quota_obj in wanted.get(gr, ()):
                 key = (_quota_identity(quota_obj), gr, problem.reason)
                 if key in reports.told:

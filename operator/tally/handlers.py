@@ -13,6 +13,9 @@
   so no event is lost between the LIST and the watch (Kopf's own initial listing replays
   everything; replays are dropped by resourceVersion) and no admission request is judged on an
   unsynced cache.
+* With leader election on, a replica that loses the lease stops its controllers at once and
+  then stops the process the way a SIGTERM does (Kopf's graceful stop: the webhook server and
+  watches end, then the cleanup handler); in a pod the kubelet restarts it as a candidate.
 * The liveness probe reports the API server version reached at start-up. It does no I/O: an API
   server outage must not make the kubelet restart tally, which would not help.
 """
@@ -20,6 +23,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -63,7 +68,9 @@ class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # One replica, no Kopf peering: peering is not leader election (no lease, no fencing).
+    # No Kopf peering: peering is not leader election (no lease, no fencing, and paused peers
+    # would still serve webhooks). Which replica runs the controllers is tally's own Lease
+    # (TALLY_LEADER_ELECTION, tally.leaderelection); Kopf watches on every replica.
     settings.peering.standalone = True
     # Kopf's own per-handler events would be posted onto objects tally does not own.
     settings.posting.enabled = False
@@ -88,7 +95,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.apiserver_version = await kube.server_version(api)
     logger.info("connected to the API server, version %s", memo.apiserver_version)
 
-    runtime = Runtime(config, api)
+    runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
     try:
         await runtime.start()
     except BuiltinQuotaActive as refused:
@@ -115,6 +122,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             context=runtime.tls.context,
             cadata=runtime.tls.ca_bundle,
         )
+
+
+def _stop_this_process() -> None:
+    """Leadership lost: stop the operator as a SIGTERM would. Kopf's signal handler turns it
+    into its graceful stop (exit status 0); a pod's container is restarted either way."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @kopf.on.cleanup()

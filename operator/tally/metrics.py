@@ -7,7 +7,9 @@
 * quota admission: ``tally_admission_requests_total{resource,result}``, a latency histogram,
   batch sizes, conflicts and retries;
 * quotas themselves, shaped like kube-state-metrics' ``kube_resourcequota{namespace,
-  resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work.
+  resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work;
+* leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
+  holds the Lease, or runs without election), else 0; the sum over replicas should be 1.
 
 Served by aiohttp (already Kopf's server library) on the operator's own loop rather than
 prometheus-client's threaded HTTP server: tally keeps threads out of the process.
@@ -82,6 +84,13 @@ class Metrics:
             "Passes that re-read quotas to retry failed reservations.",
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "tally_leader",
+            "1 while this process runs the controllers (it holds the leader election's Lease, "
+            "or leader election is off), else 0.",
+            ["identity"],
+            registry=self.registry,
+        )
         # The label sets exported per quota, so that names dropped from a quota (or a deleted
         # quota) stop being exported instead of keeping their last value forever.
         self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
@@ -125,6 +134,11 @@ class Metrics:
 
     def retried(self) -> None:
         self.admission_retries.inc()
+
+    # -- leader election
+
+    def leading(self, identity: str, leading: bool) -> None:
+        self.leader.labels(identity).set(1 if leading else 0)
 
     # -- serving
 

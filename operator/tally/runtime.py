@@ -2,11 +2,29 @@
 
 :class:`Runtime` is what the Kopf handlers talk to: ``start`` builds the informers (one per
 tracked kind), LISTs them (the synced point) while the built-in quota probe checks that
-upstream's own quota system is off (:mod:`tally.builtin_quota`), then starts the quota
-controller and the admission evaluator, and prepares the webhook server and its registration;
-``stop`` undoes it in reverse.
+upstream's own quota system is off (:mod:`tally.builtin_quota`), then starts admission and the
+dynamic kinds and prepares the webhook server, and then *leads*: starts the quota controller,
+the PodSet controller and the webhook registration; ``stop`` undoes it in reverse.
 Event entry points (``on_event``) and the admission entry point (``admit``) are plain
 coroutines, so the Kopf layer stays a few lines of translation.
+
+**Leader election** (``TALLY_LEADER_ELECTION``, :mod:`tally.leaderelection`): every replica
+keeps the caches and serves the webhook (admission's reservations are compare-and-swap writes,
+safe from several replicas; see :mod:`tally.admission.evaluator`); only the Lease holder leads.
+Leading is everything that must happen once: the quota controller's status writes and resync
+(two writers would fight; and the PodSet controller's expectations live in one process's
+memory, so two would create pods twice), the webhook configuration's writes (rules follow the
+leader's caches), and the dynamic kinds' Events. A replica that is not leading keeps its queues
+filled from the events (keys only), so that when it takes over it syncs every quota and PodSet
+at once from warm caches.
+
+Losing the lease stops the controllers at once (in-flight syncs cancelled) and then the whole
+process, through ``on_leadership_lost`` (the Kopf layer: the same graceful stop as a SIGTERM);
+the kubelet restarts it as a candidate. Upstream's components exit too
+(``klog.Fatalf("leaderelection lost")``): restarting from scratch is simpler and safer than
+restarting controllers whose in-memory state (expectations) may be stale. A graceful stop
+stops the controllers, *then* releases the lease (client-go ``ReleaseOnCancel``), so that the
+other replica takes over at its next attempt rather than after the lease duration.
 """
 
 from __future__ import annotations
@@ -14,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,7 +40,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from tally import builtin_quota, builtin_quota_probe, kube, podset_client
+from tally import builtin_quota, builtin_quota_probe, kube, leaderelection, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
@@ -32,6 +50,7 @@ from tally.evaluators.base import Evaluator, GroupResource, object_count_resourc
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.informers import Informer
+from tally.lease_lock import KubeLeaseLock
 from tally.metrics import Metrics
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota_accessor import KubeQuotaAccessor
@@ -68,11 +87,23 @@ def _keep_whole(obj: Any) -> Any:
 class Runtime:
     """tally's process-wide objects. Build with :meth:`start`; tear down with :meth:`stop`."""
 
-    def __init__(self, settings: Settings, api: client.ApiClient) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        api: client.ApiClient,
+        *,
+        on_leadership_lost: Callable[[], None] | None = None,
+        identity: str | None = None,
+    ) -> None:
+        """``on_leadership_lost``: called once the controllers stopped after the lease was
+        lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
         self.api = api
+        self.identity = identity or leaderelection.default_identity()
+        self._on_leadership_lost = on_leadership_lost
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
+        self.metrics.leading(self.identity, False)
         # count/podsets.tally.dev works like any object count (and admission charges it).
         self.registry.register(ObjectCountEvaluator(PODSETS))
         self.informers: dict[GroupResource, Informer[Any]] = {}
@@ -125,6 +156,7 @@ class Runtime:
             watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
             replenish=self.controller.replenish,
             on_kind_synced=self._count_kind_synced,
+            may_report=lambda: self.leading,
         )
         # One client-side budget for the PodSet controller's requests, its Events included
         # (upstream: one per controller client, which its Event sink shares); None = unlimited.
@@ -141,6 +173,11 @@ class Runtime:
         )
         self.tls: ServingTLS | None = None
         self.registrar: WebhookRegistrar | None = None
+        self.elector: leaderelection.LeaderElector | None = None
+        self._controllers_stopped = False
+        self.leading = False
+        """Whether the controllers run here. Invariant: they run only while this is True, and
+        with leader election only while the elector holds the lease."""
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
 
@@ -196,7 +233,7 @@ class Runtime:
 
     async def start(self) -> None:
         """Sync the caches and check for the built-in quota system (at the same time), then
-        start the controllers and admission and prepare the webhook.
+        start admission, prepare the webhook, and lead (at once, or once the lease is held).
 
         Raises :class:`~tally.builtin_quota.BuiltinQuotaActive` (nothing started, nothing
         registered) when upstream's quota system is on and ``TALLY_ALLOW_BUILTIN_QUOTA`` is
@@ -218,12 +255,10 @@ class Runtime:
             # binds the metrics port again.
             await self._stop_metrics()
             raise
-        self.controller.start()
         self.dynamic.start()
-        self.podset_controller.start()
         self.admission.start()
         logger.info(
-            "caches synced (%s); quota controller and admission started",
+            "caches synced (%s); admission started",
             ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
         )
         if self.tls is not None:
@@ -244,10 +279,70 @@ class Runtime:
                     *([settings.namespace] if settings.namespace else []),
                 ],
             )
+            # On every replica: each serves the webhook and follows the certificate (renewals
+            # are compare-and-swap writes of the Secret). Publishing writes the configuration
+            # only where the registrar registered it, the leader; elsewhere it keeps the
+            # bundle for the day this replica leads.
+            self.tls.start(publish=self.registrar.set_ca_bundle)
+        if settings.leader_election:
+            # Controllers start once the lease is held; until then this replica only serves
+            # its webhook (from caches kept current) and waits its turn.
+            self.elector = leaderelection.LeaderElector(
+                KubeLeaseLock(
+                    self.api,
+                    settings.lease_namespace,
+                    settings.leader_election_lease,
+                    request_timeout=settings.leader_election_renew_deadline / 2,
+                ),
+                self.identity,
+                settings.election_config,
+                on_started_leading=self._start_leading,
+                on_stopped_leading=self._lost_leadership,
+            )
+            self.elector.start()
+        else:
+            self._start_leading()
+
+    def _start_leading(self) -> None:
+        """Start everything that must run once in the cluster (module docstring)."""
+        self.leading = True
+        self.controller.start()
+        self.podset_controller.start()
+        if self.registrar is not None:
             # Registers once Kopf's webhook server (started after the start-up handlers)
             # answers.
             self.registrar.start()
-            self.tls.start(publish=self.registrar.set_ca_bundle)
+        # Events a follower only logged are posted now.
+        self.dynamic.poke()
+        self.metrics.leading(self.identity, True)
+        logger.info("%s leads: quota controller, PodSet controller and webhook registration "
+                    "started", self.identity)  # fmt: skip
+
+    async def _stop_leading(self, *, grace_period: float | None = None, remove: bool) -> None:
+        """Stop what :meth:`_start_leading` started (idempotent; on a follower it only shuts
+        the idle controllers' queues). ``grace_period``: how long in-flight syncs may finish
+        (None: the controllers' defaults; 0: cancel at once). ``remove``: delete the webhook
+        configuration (local development, graceful stop only: after losing the lease it may
+        be the new leader's)."""
+        was_leading, self.leading = self.leading, False
+        if was_leading:
+            self.metrics.leading(self.identity, False)
+            if self.registrar is not None:
+                await self.registrar.stop(remove=remove)
+        if not self._controllers_stopped:
+            self._controllers_stopped = True
+            kwargs = {} if grace_period is None else {"grace_period": grace_period}
+            await asyncio.gather(
+                self.podset_controller.stop(**kwargs), self.controller.stop(**kwargs)
+            )
+
+    async def _lost_leadership(self, reason: str) -> None:
+        # Another replica may take over from now on: no sync may start or go on here.
+        await self._stop_leading(grace_period=0.0, remove=False)
+        logger.critical("%s stopped leading (%s); controllers stopped, exiting", self.identity,
+                        reason)  # fmt: skip
+        if self._on_leadership_lost is not None:
+            self._on_leadership_lost()
 
     async def _load_certificate(self) -> None:
         settings = self.settings
@@ -343,12 +438,13 @@ class Runtime:
     async def stop(self) -> None:
         if self.tls is not None:
             await self.tls.stop()
-        if self.registrar is not None:
-            await self.registrar.stop(remove=self.settings.webhook_remove_on_exit)
+        # The lease guards the controllers and the registration: release it only once they
+        # stopped (client-go ReleaseOnCancel), and keep renewing it meanwhile.
+        await self._stop_leading(remove=self.settings.webhook_remove_on_exit)
+        if self.elector is not None:
+            await self.elector.stop(release=True)
         await self.admission.stop()
-        await self.podset_controller.stop()
         await self.dynamic.stop()
-        await self.controller.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
         await self.recorder.flush()

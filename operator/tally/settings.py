@@ -16,6 +16,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tally import leaderelection
 from tally.certs import Policy
 from tally.webhook import DEFAULT_EXEMPT_NAMESPACES, ServiceReference, parse_service_reference
 
@@ -24,6 +25,9 @@ _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS1123_SUBDOMAIN: Final = re.compile(
     r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
+DEFAULT_LEASE_NAMESPACE: Final = "kube-system"
+"""Where the Lease lives when neither its namespace nor ``TALLY_NAMESPACE`` is set (like the
+built-in quota probe, and kube-controller-manager's own leases)."""
 
 
 def parse_object_reference(text: str) -> tuple[str, str]:
@@ -120,6 +124,33 @@ class Settings(BaseModel):
     """``TALLY_ALLOW_BUILTIN_QUOTA``: start even when the start-up probe sees upstream's own
     quota admission plugin or controller on (logged as a warning). Off: tally refuses to start
     then (see :mod:`tally.builtin_quota`)."""
+    leader_election: bool = False
+    """``TALLY_LEADER_ELECTION``: run the controllers (quota usage, PodSet, the webhook
+    configuration's writes) only while holding a Lease, so that several replicas can run;
+    the webhook serves on every replica either way (:mod:`tally.leaderelection`). Off: this
+    process runs everything (local development, the e2e tests, one replica)."""
+    leader_election_lease: str = Field(default="tally", min_length=1, max_length=253)
+    """``TALLY_LEADER_ELECTION_LEASE``: the Lease's name."""
+    leader_election_namespace: str = ""
+    """``TALLY_LEADER_ELECTION_NAMESPACE``: the Lease's namespace; default ``TALLY_NAMESPACE``
+    (else kube-system)."""
+    leader_election_lease_duration: int = Field(
+        default=leaderelection.DEFAULT_LEASE_DURATION_S, ge=1, le=3600
+    )
+    """``TALLY_LEADER_ELECTION_LEASE_DURATION``: seconds a candidate waits without seeing the
+    lease renewed before taking it over (``--leader-elect-lease-duration``, 15 s); whole
+    seconds, as the Lease stores it."""
+    leader_election_renew_deadline: float = Field(
+        default=leaderelection.DEFAULT_RENEW_DEADLINE_S, gt=0, le=3600
+    )
+    """``TALLY_LEADER_ELECTION_RENEW_DEADLINE``: seconds the leader keeps trying to renew
+    before it stops leading and exits (``--leader-elect-renew-deadline``, 10 s)."""
+    leader_election_retry_period: float = Field(
+        default=leaderelection.DEFAULT_RETRY_PERIOD_S, gt=0, le=3600
+    )
+    """``TALLY_LEADER_ELECTION_RETRY_PERIOD``: seconds between attempts to acquire or renew
+    (``--leader-elect-retry-period``, 2 s)."""
+
     admission_workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_ADMISSION_WORKERS``: namespaces evaluated at once (upstream: 5)."""
     admission_config: str = ""
@@ -132,6 +163,52 @@ class Settings(BaseModel):
             if name and not _DNS1123_LABEL.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid namespace name")
         return value
+
+    @field_validator("leader_election_namespace")
+    @classmethod
+    def _valid_lease_namespace(cls, value: str) -> str:
+        if value and not _DNS1123_LABEL.fullmatch(value):
+            raise ValueError(f"{value!r} is not a valid namespace name")
+        return value
+
+    @field_validator("leader_election_lease")
+    @classmethod
+    def _valid_lease_name(cls, value: str) -> str:
+        if not _DNS1123_SUBDOMAIN.fullmatch(value):
+            raise ValueError(f"{value!r} is not a valid Lease name")
+        return value
+
+    @model_validator(mode="after")
+    def _election_durations_work_together(self) -> Settings:
+        problem = leaderelection.config_problem(
+            self.leader_election_lease_duration,
+            self.leader_election_renew_deadline,
+            self.leader_election_retry_period,
+        )
+        if problem:
+            # A model-level error has no field to name: the message names all three.
+            raise ValueError(
+                f"{ENV_PREFIX}LEADER_ELECTION_LEASE_DURATION="
+                f"{self.leader_election_lease_duration}, "
+                f"{ENV_PREFIX}LEADER_ELECTION_RENEW_DEADLINE="
+                f"{self.leader_election_renew_deadline:g}, "
+                f"{ENV_PREFIX}LEADER_ELECTION_RETRY_PERIOD="
+                f"{self.leader_election_retry_period:g}: {problem} (client-go's rules)"
+            )
+        return self
+
+    @property
+    def lease_namespace(self) -> str:
+        """Where the leader election's Lease lives."""
+        return self.leader_election_namespace or self.namespace or DEFAULT_LEASE_NAMESPACE
+
+    @property
+    def election_config(self) -> leaderelection.ElectionConfig:
+        return leaderelection.ElectionConfig(
+            self.leader_election_lease_duration,
+            self.leader_election_renew_deadline,
+            self.leader_election_retry_period,
+        )
 
     @field_validator("webhook_service")
     @classmethod

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -132,8 +133,20 @@ class TallyProcess:
 
     # -- lifecycle
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Start tally; return once it is live and its webhook configuration points at it."""
+    def webhook_listening(self) -> bool:
+        """Whether this process's webhook port accepts connections (the Deployment's readiness
+        probe: Kopf opens it only after tally's caches are synced)."""
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1),
+        ):
+            return True
+        return False
+
+    def start(self, timeout: float = START_TIMEOUT_S, *, registered: bool = True) -> None:
+        """Start tally; return once it is live and its webhook configuration points at it
+        (``registered``), or only once its webhook serves (``registered=False``: a replica
+        that is not the leader serves its webhook but registers nothing)."""
         if self.running:
             raise OperatorError("tally is already running")
         port = cluster.free_port()
@@ -165,6 +178,11 @@ class TallyProcess:
         while not self._live(liveness_url):
             self._check_alive_before(deadline, "its liveness endpoint never answered")
             time.sleep(0.2)
+        if not registered:
+            while not self.webhook_listening():
+                self._check_alive_before(deadline, "its webhook never served")
+                time.sleep(0.2)
+            return
         # Admission is on only once tally registered its webhook configuration.
         while not self.webhook_serving():
             self._check_alive_before(deadline, "it never registered its webhook")

@@ -388,7 +388,9 @@ class Harness:
             recorder=self.recorder,
             fetch=self.fetch,
             reflector_factory=factory,  # type: ignore[arg-type]
+            may_report=lambda: self.leading,
         )
+        self.leading = True
 
     def reflector(self, gr: GroupResource) -> StubReflector:
         found = self.kinds.reflector(gr)
@@ -482,6 +484,23 @@ async def test_unknown_resources_are_reported_once_per_quota() -> None:
     await h.kinds.refresh(full=False)
     assert ("q3", REASON_UNKNOWN_RESOURCE) == h.recorder.events[-1]
     assert 4 == len(h.recorder.events)
+
+
+async def test_only_the_leader_posts_events_and_a_new_leader_posts_what_is_untold() -> None:
+    # Leader election: every replica discovers and logs; only the leader posts Events. A
+    # replica that becomes leader posts the problems nobody told yet, once each.
+    h = Harness(DOCUMENTS)
+    h.leading = False
+    h.quotas = [quota("q1", {"count/things.nope.example.com": "1"})]
+    await h.kinds.refresh()
+    await h.kinds.refresh(full=False)
+    assert {GroupResource("nope.example.com", "things")} == set(h.kinds.problems)
+    assert [] == h.recorder.events
+
+    h.leading = True
+    await h.kinds.refresh(full=False)
+    await h.kinds.refresh(full=False)
+    assert [("q1", REASON_UNKNOWN_RESOURCE)] == h.recorder.events
 
 
 async def test_a_crd_created_later_is_picked_up_by_the_periodic_pass() -> None:

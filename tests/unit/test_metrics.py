@@ -73,3 +73,12 @@ def test_admission_metrics() -> None:
     assert sample(metrics, "tally_admission_batch_size_sum") == 3.0
     assert sample(metrics, "tally_admission_write_conflicts_total") == 1.0
     assert sample(metrics, "tally_admission_retries_total") == 1.0
+
+
+def test_leader_gauge_follows_leadership() -> None:
+    metrics = Metrics()
+    metrics.leading("tally-0_abc", False)
+    assert sample(metrics, "tally_leader", identity="tally-0_abc") == 0.0
+    metrics.leading("tally-0_abc", True)
+    assert sample(metrics, "tally_leader", identity="tally-0_abc") == 1.0
+    assert 'tally_leader{identity="tally-0_abc"} 1.0' in metrics.exposition().decode()

@@ -132,3 +132,64 @@ def test_bad_certificate_settings(environ: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match="invalid settings") as error:
         Settings.from_env(environ)
     assert named in str(error.value)
+
+
+def test_leader_election_defaults_are_client_gos() -> None:
+    # Off by default (one process: local development, the e2e tests); kube-controller-
+    # manager's --leader-elect-lease-duration=15s, --leader-elect-renew-deadline=10s,
+    # --leader-elect-retry-period=2s.
+    settings = Settings.from_env({})
+    assert settings.leader_election is False
+    assert (settings.leader_election_lease, settings.lease_namespace) == ("tally", "kube-system")
+    config = settings.election_config
+    assert (config.lease_duration, config.renew_deadline, config.retry_period) == (15, 10.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("environ", "namespace"),
+    [
+        pytest.param({}, "kube-system", id="nothing-set"),
+        pytest.param({"TALLY_NAMESPACE": "tally-system"}, "tally-system", id="own-namespace"),
+        pytest.param(
+            {"TALLY_NAMESPACE": "tally-system", "TALLY_LEADER_ELECTION_NAMESPACE": "leases"},
+            "leases",
+            id="explicit",
+        ),
+    ],
+)
+def test_lease_namespace(environ: dict[str, str], namespace: str) -> None:
+    assert namespace == Settings.from_env(environ).lease_namespace
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        pytest.param(
+            {"TALLY_LEADER_ELECTION_RENEW_DEADLINE": "15"},
+            "leaseDuration must be greater than renewDeadline",
+            id="renew-not-below-lease",
+        ),
+        pytest.param(
+            {"TALLY_LEADER_ELECTION_RETRY_PERIOD": "9"},
+            "renewDeadline must be greater than retryPeriod*JitterFactor",
+            id="retry-too-long",
+        ),
+        pytest.param(
+            {"TALLY_LEADER_ELECTION_LEASE_DURATION": "1.5"},
+            "TALLY_LEADER_ELECTION_LEASE_DURATION='1.5'",
+            id="lease-in-whole-seconds",
+        ),
+        pytest.param(
+            {"TALLY_LEADER_ELECTION_LEASE": "Tally"},
+            "TALLY_LEADER_ELECTION_LEASE='Tally'",
+            id="bad-lease-name",
+        ),
+    ],
+)
+def test_bad_leader_election_settings(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match="invalid settings") as error:
+        Settings.from_env(environ)
+    assert named in str(error.value)
+    if "must be" in named:
+        # A rule across the three durations names all three variables.
+        assert "TALLY_LEADER_ELECTION_LEASE_DURATION=15" in str(error.value)
