@@ -501,7 +501,9 @@ class LeaderElector:
         try:
             return await self.try_acquire_or_renew()
         except LockError as error:
-            logger.info("leader election: lease %s: %s", self.lock.describe(), error)
+            # Refused (RBAC): a setup problem to see, not a race to retry quietly.
+            level = logging.WARNING if error.status in (401, 403) else logging.INFO
+            logger.log(level, "leader election: lease %s: %s", self.lock.describe(), error)
             return False
         except Exception:
             logger.exception("leader election: attempt on lease %s failed", self.lock.describe())

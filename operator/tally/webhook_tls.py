@@ -40,8 +40,18 @@ by that CA and by nothing else. It is built from a bare ``SSLContext``, not
 ``ssl.create_default_context``, which also loads the system's CAs: with client certificates
 required, that would admit a certificate from any public CA.
 
-Left out: reloading the client CA file (a change needs a restart), and several tallies writing
-one Secret (there is one replica; a second writer would only cause conflicts and re-reads).
+Several replicas (leader election) share one Secret: every replica runs the passes, a write
+that loses the compare-and-swap (409) reads again and serves what the winner wrote, and the
+Secret's watch event brings each replica the others' renewals. Publishing the caBundle writes
+the webhook configuration only on the leader, whose registrar registered it
+(:meth:`tally.registrar.WebhookRegistrar.set_ca_bundle`); a follower keeps the bundle for the day
+it leads. A CA rotation publishes the new CA an overlap before any replica presents a
+certificate it signed, so followers do not depend on the leader's timing. The exception is a
+Secret someone replaced with material of another CA: every replica reacts to the same watch
+event, and a follower may present the new certificate a moment before the leader's pass has
+published its CA.
+
+Left out: reloading the client CA file (a change needs a restart).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ process's ``/metrics``, its webhook port and its log):
   and the webhook configuration points at its port. Both started together, so their built-in
   quota probes ran side by side in one namespace: both concluded.
 * both replicas judge admission: AdmissionReviews posted straight to each one's webhook port
-  are allowed and charged, then denied with upstream's words, each replica seeing the other's
+  (with the API server's client certificate, trusting only the configuration's caBundle: both
+  serve the certificate kept in one Secret, as behind the Deployment's Service) are allowed
+  and charged, then denied with upstream's words, each replica seeing the other's
   reservations (the quota status is the shared state, written compare-and-swap).
 * a PodSet scaled to 30 ends with exactly 30 pods and never had more (a pod watch sees every
   change), and a quota's status is written; with two PodSet controllers running (election off,
@@ -28,6 +30,7 @@ process's ``/metrics``, its webhook port and its log):
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import signal
@@ -47,6 +50,7 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess, webhook_ports
 from podset_e2e import PODSET, OwnedPodWatch, install_podset_crd
 
+import cluster
 from tally_e2e import ControlPlane, eventually
 
 LEASE = "tally"
@@ -143,8 +147,10 @@ async def pair(plane: ControlPlane, api: client.ApiClient, tmp_path: Path) -> As
         "TALLY_LEADER_ELECTION_RENEW_DEADLINE": str(RENEW_DEADLINE_S),
         "TALLY_LEADER_ELECTION_RETRY_PERIOD": str(RETRY_PERIOD_S),
         "TALLY_WEBHOOK_CONFIG_NAME": configuration,
-        # Like the Deployment: the configuration stays when a replica stops.
+        # Like the Deployment: the configuration stays when a replica stops, and both replicas
+        # serve the certificate kept in one Secret (which the first to start creates).
         "TALLY_WEBHOOK_REMOVE_ON_EXIT": "false",
+        "TALLY_WEBHOOK_CERT_SECRET": f"{own}/tally-webhook-tls",
     }
     a, b = (
         TallyProcess(plane.kubeconfig, tmp_path / f"tally-{n}.log", bin_dir=plane.bin_dir, env=env)
@@ -188,12 +194,21 @@ def pod(name: str) -> dict[str, Any]:
     }
 
 
-async def review(process: TallyProcess, namespace: str, name: str) -> dict[str, Any]:
-    """A pod CREATE review posted straight to ``process``'s webhook port; its response.
+def trusted_ca(plane: ControlPlane, configuration: str) -> str:
+    """The caBundle the (leader's) webhook configuration tells the API server to trust."""
+    registered = json.loads(plane.kubectl("get", configuration, "-o", "json").stdout)
+    bundles = {w["clientConfig"]["caBundle"] for w in registered["webhooks"]}
+    (bundle,) = bundles
+    return base64.b64decode(bundle).decode()
 
-    The certificate is not checked: each replica generates its own here, and what is under
-    test is the judgement (the TLS tests check certificates).
-    """
+
+async def review(
+    plane: ControlPlane, pair: Pair, process: TallyProcess, namespace: str, name: str
+) -> dict[str, Any]:
+    """A pod CREATE review posted straight to ``process``'s webhook port, as the API server
+    would send it (its client certificate: the replicas require it), trusting only what the
+    configuration says: a follower must present a certificate the leader's configuration
+    trusts, or the API server could not use it behind a Service."""
     obj = {**pod(name), "metadata": {"name": name, "namespace": namespace}}
     gvk = {"group": "", "version": "v1", "kind": "Pod"}
     gvr = {"group": "", "version": "v1", "resource": "pods"}
@@ -216,9 +231,10 @@ async def review(process: TallyProcess, namespace: str, name: str) -> dict[str, 
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         },
     }
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    context = ssl.create_default_context(cadata=trusted_ca(plane, pair.configuration))
+    pki = cluster.webhook_client_pki(plane.kubeconfig.parent)
+    if pki is not None:
+        context.load_cert_chain(pki.cert, pki.key)
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -262,14 +278,14 @@ async def test_one_leader_and_both_replicas_judge_admission(
     await create_quota(api, namespace, {"pods": "2"})
     # Straight to each replica's webhook: the follower judges and charges on its own, and
     # each sees the other's reservation (compare-and-swap on the quota's status).
-    first = await review(follower, namespace, "one")
+    first = await review(plane, pair, follower, namespace, "one")
     assert first["allowed"] is True, first
     await eventually(lambda: used(api, namespace), until=lambda u: u == {"pods": "1"})
-    second = await review(leader, namespace, "two")
+    second = await review(plane, pair, leader, namespace, "two")
     assert second["allowed"] is True, second
     await eventually(lambda: used(api, namespace), until=lambda u: u == {"pods": "2"})
     for process in (follower, leader):
-        third = await review(process, namespace, "three")
+        third = await review(plane, pair, process, namespace, "three")
         assert third["allowed"] is False, third
         assert third["status"]["message"] == exceeded(2)
 
