@@ -81,6 +81,8 @@ class WebhookRegistrar:
         self._task: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
+        self._stopped = False
+        """Set by :meth:`stop`; from then on :meth:`apply` and the refreshes write nothing."""
 
     def body(self, extra: Iterable[GroupResource]) -> dict[str, Any]:
         return validating_webhook_configuration(
@@ -136,13 +138,16 @@ class WebhookRegistrar:
         """Trust ``ca_pem`` from now on: applied at once when registered, else at registration."""
         async with self._lock:
             self._ca_pem = ca_pem
-            if self._applied is not None:
+            if self._applied is not None and not self._stopped:
                 await self._apply()
                 logger.info("webhook %s: caBundle updated", self.name)
 
     async def apply(self) -> None:
-        """Create or replace the configuration with rules for the current quotas."""
+        """Create or replace the configuration with rules for the current quotas (nothing
+        once stopped)."""
         async with self._lock:
+            if self._stopped:
+                return
             await self._apply()
 
     async def _apply(self) -> None:
@@ -168,7 +173,11 @@ class WebhookRegistrar:
 
     def quotas_changed(self) -> None:
         """A quota changed: re-apply if the set of ``count/`` resources did (debounced)."""
-        if self._applied is None or (self._refresh is not None and not self._refresh.done()):
+        if (
+            self._stopped
+            or self._applied is None
+            or (self._refresh is not None and not self._refresh.done())
+        ):
             return
         self._refresh = asyncio.create_task(self._refresh_rules(), name="webhook-rules")
         self._refresh.add_done_callback(_log_failure)
@@ -180,6 +189,10 @@ class WebhookRegistrar:
             logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
 
     async def stop(self, *, remove: bool) -> None:
+        # From now on nothing is written but the removal: a leader that lost its Lease keeps
+        # receiving quota events and certificate passes until its process ends, and the
+        # configuration may already be the new leader's.
+        self._stopped = True
         for task in (self._task, self._refresh):
             if task is not None and not task.done():
                 task.cancel()

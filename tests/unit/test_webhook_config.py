@@ -12,7 +12,7 @@ import pytest
 from tally import certs
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import new_registry
-from tally.registrar import WebhookRegistrar
+from tally.registrar import REFRESH_DEBOUNCE_S, WebhookRegistrar
 from tally.settings import Settings, SettingsError
 from tally.webhook import (
     ServiceReference,
@@ -304,3 +304,40 @@ async def test_registrar_does_not_register_a_server_it_does_not_trust(tmp_path: 
         await registrar.stop(remove=False)
         server.close()
         await server.wait_closed()
+
+
+async def test_a_stopped_registrar_writes_nothing_more() -> None:
+    """A leader that lost its Lease stops its registrar at once but runs on until its process
+    ends (quota events, certificate passes): nothing may overwrite the configuration, which may
+    already be the new leader's."""
+    applied: list[str] = []
+
+    class Recording(WebhookRegistrar):
+        async def _apply(self) -> None:
+            applied.append(self._ca_pem.decode())
+            # As if a quota named count/widgets.example.com when applied: a refresh without
+            # it (quotas=list) would apply again.
+            self._applied = {GroupResource("example.com", "widgets")}
+
+    registrar = Recording(
+        cast(Any, None),
+        name="tally.dev",
+        url="https://127.0.0.1:1",
+        ca_pem=b"CA1",
+        listen=("127.0.0.1", 1),
+        quotas=list,
+        failure_policy="Fail",
+        exempt_namespaces=["kube-system"],
+    )
+    await registrar.apply()
+    await registrar.set_ca_bundle(b"CA2")
+    registrar.quotas_changed()
+    await asyncio.sleep(REFRESH_DEBOUNCE_S * 3)
+    assert ["CA1", "CA2", "CA2"] == applied
+
+    await registrar.stop(remove=False)
+    await registrar.set_ca_bundle(b"CA3")
+    await registrar.apply()
+    registrar.quotas_changed()
+    await asyncio.sleep(REFRESH_DEBOUNCE_S * 3)
+    assert ["CA1", "CA2", "CA2"] == applied
