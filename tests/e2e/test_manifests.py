@@ -1,12 +1,13 @@
 """manifests/ (issue 7): what ``kubectl apply -k manifests/`` installs, and the RBAC proof.
 
 * The server-side dry run and the apply on the operator-mode control plane (no kubelet: the
-  Deployment's pod is created and stays Pending, which is all this plane can show).
+  Deployment's two pods are created and stay Pending, which is all this plane can show).
 * The RBAC proof: tally runs out of cluster with a token of the manifests' ServiceAccount
   (TokenRequest API, ``kubectl create token``) and nothing else, and passes the smoke scenarios:
   it starts, keeps its certificate in the Secret the manifests' Role grants
   (TALLY_WEBHOOK_CERT_SECRET, as in the Deployment), registers its webhook with a *Service*
-  client config (TALLY_WEBHOOK_SERVICE, as in the Deployment), writes a quota's
+  client config (TALLY_WEBHOOK_SERVICE, as in the Deployment), leads through the Lease the
+  manifests' Role grants (TALLY_LEADER_ELECTION, as in the Deployment), writes a quota's
   ``status.used``, refuses a create over quota, and creates a PodSet's pods. The Service here
   is an ExternalName one pointing at ``localhost`` (the API server resolves ExternalName
   services to that host), since no pod runs: the API server still checks the certificate
@@ -91,6 +92,10 @@ class SaTally(TallyProcess):
                 # Like the Deployment: the configuration stays when tally stops (the module
                 # deletes it at the end).
                 "TALLY_WEBHOOK_REMOVE_ON_EXIT": "false",
+                # Like the Deployment: the controllers run on the holder of the Lease
+                # tally-system/tally (rbac-leader-election.yaml). The Deployment's own pods
+                # never run here (no kubelet), so this process is the only candidate.
+                "TALLY_LEADER_ELECTION": "true",
             },
         )
 
@@ -203,7 +208,8 @@ async def test_apply_creates_everything(
             args += ["-n", namespace]
         assert control_plane.kubectl(*args, check=False).returncode == 0, obj["kind"]
 
-    # The Deployment makes its pod (admitted by Pod Security "restricted"); no kubelet runs it.
+    # The Deployment makes its two pods (admitted by Pod Security "restricted"); no kubelet
+    # runs them.
     core = client.CoreV1Api(api)
 
     async def pods() -> list[Any]:
@@ -212,15 +218,18 @@ async def test_apply_creates_everything(
         )
         return list(listed.items)
 
-    (pod,) = await eventually(pods, until=lambda found: len(found) == 1, what="tally's pod")
-    assert pod.status.phase == "Pending"
-    assert pod.spec.service_account_name == SERVICE_ACCOUNT
-    (container,) = pod.spec.containers
-    assert container.security_context.read_only_root_filesystem is True
-    env = {e.name: e.value for e in container.env if e.value is not None}
-    assert env["TALLY_WEBHOOK_SERVICE"] == "tally-system/tally-webhook:443"
-    assert env["TALLY_WEBHOOK_REMOVE_ON_EXIT"] == "false"
-    assert env["TALLY_WEBHOOK_CERT_SECRET"] == f"{NAMESPACE}/{CERT_SECRET}"
+    found = await eventually(pods, until=lambda found: len(found) == 2, what="tally's pods")
+    for pod in found:
+        assert pod.status.phase == "Pending"
+        assert pod.spec.service_account_name == SERVICE_ACCOUNT
+        (container,) = pod.spec.containers
+        assert container.security_context.read_only_root_filesystem is True
+        env = {e.name: e.value for e in container.env if e.value is not None}
+        assert env["TALLY_WEBHOOK_SERVICE"] == "tally-system/tally-webhook:443"
+        assert env["TALLY_WEBHOOK_REMOVE_ON_EXIT"] == "false"
+        assert env["TALLY_WEBHOOK_CERT_SECRET"] == f"{NAMESPACE}/{CERT_SECRET}"
+        assert env["TALLY_LEADER_ELECTION"] == "true"
+        assert container.lifecycle.pre_stop.sleep.seconds == 5
 
 
 # -- the RBAC proof
@@ -389,6 +398,13 @@ async def test_tally_works_with_the_service_account_alone(
     )
     log = sa_tally.log_text(tail=10_000)
     assert "forbidden" not in log.lower()
+    # It led through the Lease in tally-system (created, read and renewed with the Role's
+    # permissions alone).
+    lease = json.loads(
+        control_plane.kubectl("get", "lease", "tally", "-n", NAMESPACE, "-o", "json").stdout
+    )
+    assert lease["spec"]["holderIdentity"]
+    assert f"acquired lease {NAMESPACE}/tally" in log
     # The built-in quota probe ran in tally's namespace with the Role's permissions alone, and
     # could tell (operator mode: upstream's quota system off).
     assert "the cluster's built-in quota system is off. " in log
