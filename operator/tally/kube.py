@@ -55,42 +55,46 @@ async def get_json(
 FIELD_MANAGER: Final = "tally"
 
 
-async def put_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """PUT a JSON object and return the stored object as plain data (409 etc. raise
-    ``ApiException``)."""
+async def request_json(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    query: list[tuple[str, str]] | None = None,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+) -> dict[str, Any]:
+    """One request with a JSON answer, as plain data (error statuses raise ``ApiException``).
+    Writes (POST, PUT) carry tally's field manager."""
+    params = list(query or [])
+    if method in ("POST", "PUT"):
+        params.append(("fieldManager", FIELD_MANAGER))
     data = await api.call_api(
         path,
-        "PUT",
-        query_params=[("fieldManager", FIELD_MANAGER)],
-        body=dict(body),
+        method,
+        query_params=params,
+        body=dict(body) if body is not None else None,
         header_params={"Accept": "application/json", "Content-Type": "application/json"},
         response_types_map={200: "object", 201: "object"},
         auth_settings=["BearerToken"],
         _return_http_data_only=True,
-        _request_timeout=REQUEST_TIMEOUT_S,
+        _request_timeout=request_timeout,
     )
     if not isinstance(data, dict):
-        raise TypeError(f"PUT {path}: expected a JSON object, got {type(data).__name__}")
+        raise TypeError(f"{method} {path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+async def put_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """PUT a JSON object and return the stored object as plain data (409 etc. raise
+    ``ApiException``)."""
+    return await request_json(api, "PUT", path, body)
 
 
 async def post_json(api: client.ApiClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """POST (create) a JSON object and return the stored object as plain data (409
     AlreadyExists etc. raise ``ApiException``)."""
-    data = await api.call_api(
-        path,
-        "POST",
-        query_params=[("fieldManager", FIELD_MANAGER)],
-        body=dict(body),
-        header_params={"Accept": "application/json", "Content-Type": "application/json"},
-        response_types_map={200: "object", 201: "object"},
-        auth_settings=["BearerToken"],
-        _return_http_data_only=True,
-        _request_timeout=REQUEST_TIMEOUT_S,
-    )
-    if not isinstance(data, dict):
-        raise TypeError(f"POST {path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return await request_json(api, "POST", path, body)
 
 
 def collection_path(group: str, version: str, plural: str, namespace: str | None = None) -> str:

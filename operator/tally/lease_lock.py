@@ -81,18 +81,9 @@ class KubeLeaseLock:
     async def _call(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        query = [("fieldManager", kube.FIELD_MANAGER)] if method in ("POST", "PUT") else []
         try:
-            data = await self._api.call_api(
-                path,
-                method,
-                query_params=query,
-                body=body,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                response_types_map={200: "object", 201: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=self._timeout,
+            return await kube.request_json(
+                self._api, method, path, body, request_timeout=self._timeout
             )
         except client.ApiException as error:
             status = int(error.status or 0)
@@ -102,9 +93,8 @@ class KubeLeaseLock:
             raise LockError(message, status=status) from error
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise LockError(f"{method} {path}: no answer: {error!r}") from error
-        if not isinstance(data, dict):
-            raise LockError(f"{method} {path}: expected a JSON object")
-        return data
+        except TypeError as error:  # not a JSON object
+            raise LockError(str(error)) from error
 
 
 def _status_message(error: client.ApiException) -> str:
