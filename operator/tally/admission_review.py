@@ -15,10 +15,19 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiohttp.web
 import kopf
+
+# Kopf's webhook errors are not exported; its own ``_serve`` maps them to HTTP statuses, which
+# this module's ``_serve`` does in its place (Kopf is pinned: pyproject.toml).
+from kopf._cogs.structs import reviews
+from kopf._core.engines.admission import (
+    AmbiguousResourceError,
+    UnknownResourceError,
+    WebhookError,
+)
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tally.admission.attributes import Attributes
@@ -135,16 +144,29 @@ class WebhookServer(kopf.WebhookServer):
     async def _serve(  # type: ignore[override]
         self, fn: kopf.WebhookFn, request: aiohttp.web.Request
     ) -> aiohttp.web.Response:
+        """Kopf's ``WebhookServer._serve`` on the review parsed and checked once: Kopf's own
+        would read the body and parse the JSON a second time (a pod's review, for every
+        create). The errors map to the same HTTP statuses as Kopf's."""
         try:
             review = parse_review(await request.read())
         except ReviewError as error:
             raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
+        webhook = request.match_info.get("id")
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         try:
-            # aiohttp keeps the body, so Kopf reads it again without another network read.
-            response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
-        except aiohttp.web.HTTPNotFound:
-            fallback = self.fallbacks.get(request.match_info.get("id", ""))
+            response: Mapping[str, Any] = await fn(
+                cast(reviews.Request, review),
+                webhook=webhook,
+                sslpeer=sslpeer,
+                headers=dict(request.headers),
+            )
+        except UnknownResourceError as error:
+            fallback = self.fallbacks.get(webhook or "")
             if fallback is None:
-                raise
-            return aiohttp.web.json_response(await fallback(review))
-        return response
+                raise aiohttp.web.HTTPNotFound(reason=str(error) or None) from None
+            response = await fallback(review)
+        except AmbiguousResourceError as error:
+            raise aiohttp.web.HTTPConflict(reason=str(error) or None) from None
+        except WebhookError as error:
+            raise aiohttp.web.HTTPBadRequest(reason=str(error) or None) from None
+        return aiohttp.web.json_response(response)

@@ -86,6 +86,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise
     # (and cost). Failures still log at ERROR.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # aiohttp's access log would print a line for every admission review the webhook answers
+    # (3.5% of tally's CPU under bench/admission.py, and a busy cluster's log filled with pod
+    # creates); upstream's admission plugin logs none. Kept with `kopf run --verbose`.
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         config = Settings.from_env()
     except SettingsError as error:

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
+from yarl import URL
 
 REQUEST_TIMEOUT_S: Final = 60
 """kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
@@ -23,7 +26,36 @@ async def make_api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         await config.load_kube_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    read_environment_once(api, str(configuration.host))
+    return api
+
+
+def read_environment_once(api: client.ApiClient, host: str) -> None:
+    """Resolve the environment's proxy for the API server now, and stop aiohttp asking again.
+
+    kubernetes-asyncio opens its session with ``trust_env=True``, for which aiohttp looks up
+    the proxy variables and ``~/.netrc`` on every request, each on a thread-pool hop: two
+    thread round trips per status write or pod delete, on the critical path of replenishment
+    and PodSet scaling, and ~5% of tally's CPU under an admission burst (bench/admission.py
+    under py-spy). The environment does not change while tally runs, so the proxy is resolved
+    once here, as kubernetes-asyncio's own ``proxy`` setting; netrc is never consulted (tally
+    authenticates with its kubeconfig or service account, as Kopf's watches do: Kopf's
+    ``settings.networking.trust_env`` is off by default).
+    """
+    rest = api.rest_client
+    session: aiohttp.ClientSession = rest.pool_manager
+    if not rest.proxy:
+        try:
+            proxy, proxy_auth = get_env_proxy_for_url(URL(host))
+        except LookupError:
+            pass  # no proxy variable, or NO_PROXY names the API server
+        else:
+            rest.proxy = str(proxy)
+            if proxy_auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+    # aiohttp has no public setter; tests/unit/test_kube.py fails if this stops working.
+    session._trust_env = False
 
 
 async def server_version(api: client.ApiClient) -> str:
