@@ -22,6 +22,9 @@ Invariants:
 * ``synced`` is set by the first ``replace`` and never cleared: readers (the quota controller's
   workers, admission) wait on it, like upstream's ``WaitForCacheSync``.
 
+:class:`RecentWrites` is the other half of reading from a cache: the objects this process
+wrote itself, newer than the cache until their watch events arrive.
+
 Pure: no Kopf, no API client. Time comes from an injectable monotonic clock. Everything runs
 on one event loop, so no method awaits and none needs a lock.
 """
@@ -29,6 +32,7 @@ on one event loop, so no method awaits and none needs a lock.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -270,3 +274,58 @@ class Replacement(Generic[P]):
             raise RuntimeError(f"{self._store.name}: the replacement is already finished")
         self._finished = True
         return self._store._finish_replace(self._listed, self.started_at)
+
+
+class RecentWrites:
+    """Objects this process wrote recently, preferred over older cached copies.
+
+    Upstream's quota admission ``updatedQuotas`` LRU and its ``checkCache``: right after a
+    write the cache lags behind, and work that read the cached copy would judge stale state
+    and fail its own write on conflict (upstream measured 22 quota updates with 12 conflicts
+    before this cache and 15 with 0 after). Keyed by (namespace, name); it relies on etcd
+    resourceVersions being comparable integers for one object, as upstream's
+    ``APIObjectVersioner`` does; a version that is not an integer never wins.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        self._size = size
+        #: (namespace, name) → the stored object a write returned; least recently used first.
+        self._entries: collections.OrderedDict[Key, Obj] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, stored: Obj) -> None:
+        """Remember the object a successful write returned."""
+        key = object_key(stored)
+        self._entries[key] = stored
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def check_cache(self, cached: Obj) -> Obj:
+        """The newer of ``cached`` and the remembered write of the same object.
+
+        Once the cache has caught up (its version is at least the remembered one) the entry is
+        dropped, as upstream does.
+        """
+        key = object_key(cached)
+        remembered = self._entries.get(key)
+        if remembered is None:
+            return cached
+        self._entries.move_to_end(key)
+        current, written = _integer_version(cached), _integer_version(remembered)
+        if written is None or (current is not None and current >= written):
+            del self._entries[key]
+            return cached
+        return remembered
+
+
+def _integer_version(obj: Obj) -> int | None:
+    metadata = obj.get("metadata")
+    value = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

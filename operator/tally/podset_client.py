@@ -154,7 +154,9 @@ class KubePodSetClient:
                 return None
             raise
 
-    async def update_status(self, podset: Mapping[str, Any], new_status: Mapping[str, Any]) -> None:
+    async def update_status(
+        self, podset: Mapping[str, Any], new_status: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
         metadata = podset["metadata"]
         path = self._path(metadata["namespace"], metadata["name"]) + "/status"
         if self._limiter is not None:
@@ -162,7 +164,7 @@ class KubePodSetClient:
         # The object as read, resourceVersion included: a 409 means it changed meanwhile and
         # the sync is retried from a fresher cache.
         try:
-            await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
+            return await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
         except client.ApiException as error:
             if error.status == 409:
                 key = f"{metadata['namespace']}/{metadata['name']}"

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.cache import Change, ChangeKind, Store
+from tally.cache import Change, ChangeKind, RecentWrites, Store
 from tally.errors import Conflict
 from tally.podset import claim as claims
 from tally.podset import podutil, ranking, replicas, status
@@ -46,6 +46,9 @@ DEFAULT_WORKERS: Final = 5
 """Upstream ``--concurrent-replicaset-syncs`` default."""
 MIN_READY_SKEW_S: Final = 1.0
 """Upstream adds a second when requeueing for minReadySeconds, "to avoid milliseconds skew"."""
+RECENT_STATUS_WRITES: Final = 100
+"""PodSets whose last status write is remembered (``status_writes``); one evicted early costs
+at most a 409 and a retry."""
 
 
 class PodControlError(Exception):
@@ -76,8 +79,11 @@ class PodSetClient(Protocol):
         """An uncached read (the recheck before adopting); None when gone."""
         ...
 
-    async def update_status(self, podset: Mapping[str, Any], new_status: Mapping[str, Any]) -> None:
-        """Write status with the resourceVersion read; raises ``Conflict`` on 409."""
+    async def update_status(
+        self, podset: Mapping[str, Any], new_status: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Write status with the resourceVersion read; the stored PodSet. Raises ``Conflict``
+        on 409."""
         ...
 
 
@@ -181,6 +187,11 @@ class PodSetController:
         self.burst_replicas = burst_replicas
         self.clock = clock
         self.expectations = UIDTrackingControllerExpectations()
+        self.status_writes = RecentWrites(RECENT_STATUS_WRITES)
+        """PodSets as this process's status writes stored them, until the cache catches up:
+        a sync that follows a status write at once (a scale-up re-queues its key all along)
+        would otherwise read the cached copy from before that write and fail its own write
+        on conflict, one more request under the PodSet client's rate limit."""
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
             default_controller_rate_limiter(), name=QUEUE_NAME, metrics_provider=metrics_provider
         )
@@ -305,6 +316,7 @@ class PodSetController:
         if podset is None:
             self.expectations.delete_expectations(key)
             return
+        podset = self.status_writes.check_cache(podset)
         selector = _selector(podset)
         if selector is None:
             # An invalid selector cannot be fixed by retrying; the webhook refuses new ones.
@@ -331,9 +343,10 @@ class PodSetController:
         if status.status_needs_update(podset, new_status) or (
             podutil.get_map(podset, "status").get("selector") != new_status["selector"]
         ):
-            await self.client.update_status(
+            stored = await self.client.update_status(
                 podset, status.with_observed_generation(podset, new_status)
             )
+            self.status_writes.add(stored)
         if manage_error is None and claim_error is None:
             delay = status.next_available_check(
                 filtered, podutil.get_int(podset, "spec", "minReadySeconds"), now
