@@ -68,7 +68,7 @@ from typing import Any, Final, Protocol
 from kubernetes_asyncio import client
 
 from tally import kube
-from tally.cache import Change, Store
+from tally.cache import Change, ChangeKind, Store
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, group_resource_for_count_name
@@ -399,6 +399,7 @@ class DynamicKinds:
         *,
         watched: Collection[GroupResource],
         replenish: Callable[[GroupResource, str], None],
+        creations_charged: Callable[[GroupResource], bool] = lambda _: False,
         on_kind_synced: Callable[[GroupResource], None] | None = None,
         period: float = DISCOVERY_PERIOD_S,
         recorder: EventRecorder | None = None,
@@ -417,6 +418,7 @@ class DynamicKinds:
         self.watched = frozenset(watched)
         """Kinds fed elsewhere (Kopf): never started here even when a quota counts them."""
         self._replenish = replenish
+        self._creations_charged = creations_charged
         self._on_kind_synced = on_kind_synced
         self.period = period
         self._recorder: EventRecorder = recorder or KubeEventRecorder(api)
@@ -605,17 +607,24 @@ class DynamicKinds:
         self, gr: GroupResource, evaluator: Evaluator, store: Store[Any]
     ) -> Callable[[Change[Any]], None]:
         replenish = self._replenish
+        creations_charged = self._creations_charged
 
         def on_change(change: Change[Any]) -> None:
-            # Creations were charged by admission; deletions lower usage (upstream
-            # replenishment). A deletion is told by the entry being gone, not by
-            # ``change.new is None``: object-count projections *are* None, so every add and
-            # update would look like a delete. Handlers run after the store changed (after the
-            # whole LIST, for a re-list), so the entry is the object's current state.
-            if store.entry(change.namespace, change.name) is None or (
-                change.old is not None
-                and change.new is not None
-                and evaluator.requires_replenishment(change.old, change.new)
+            # Deletions lower usage (upstream replenishment); creations raise it, and count
+            # only where admission did not charge them (``creations_charged``: tally's webhook
+            # rule for a newly counted resource is not in force yet). A deletion is told by
+            # the entry being gone, not by ``change.new is None``: object-count projections
+            # *are* None, so every add and update would look like a delete. Handlers run after
+            # the store changed (after the whole LIST, for a re-list), so the entry is the
+            # object's current state.
+            if (
+                store.entry(change.namespace, change.name) is None
+                or (change.kind is ChangeKind.ADDED and not creations_charged(gr))
+                or (
+                    change.old is not None
+                    and change.new is not None
+                    and evaluator.requires_replenishment(change.old, change.new)
+                )
             ):
                 replenish(gr, change.namespace)
 

@@ -22,10 +22,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import kopf
@@ -84,8 +85,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise
-    # (and cost). Failures still log at ERROR.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # (and cost). Failures still log at ERROR, except tally's own refusals (below).
+    objects = logging.getLogger("kopf.objects")
+    objects.setLevel(logging.WARNING)
+    if not any(isinstance(f, _RefusalsFilter) for f in objects.filters):
+        objects.addFilter(_RefusalsFilter())
     # aiohttp's access log would print a line for every admission review the webhook answers
     # (3.5% of tally's CPU under bench/admission.py, and a busy cluster's log filled with pod
     # creates); upstream's admission plugin logs none. Kept with `kopf run --verbose`.
@@ -127,6 +131,40 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             context=runtime.tls.context,
             cadata=runtime.tls.ca_bundle,
         )
+    else:
+        # TALLY_WEBHOOK_ENABLED=false: Kopf refuses to run at all while validate handlers
+        # exist and no server is configured.
+        settings.admission.server = _NoWebhookServer()
+
+
+class _NoWebhookServer:
+    """A webhook "server" that never listens and never yields a client configuration: Kopf
+    then waits on it forever, as it would with none, and nothing is registered."""
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        await asyncio.Event().wait()
+        nothing: tuple[kopf.WebhookClientConfig, ...] = ()
+        for config in nothing:  # an async generator that yields nothing
+            yield config
+
+
+class _RefusalsFilter(logging.Filter):
+    """Drops Kopf's ERROR line for each request tally's webhooks refuse on purpose.
+
+    Kopf logs every ``kopf.AdmissionError`` as ``Webhook 'quota' failed permanently: …`` at
+    ERROR: an ERROR line for each create a full namespace refuses, which is quota working, not
+    failing (upstream's plugin logs none). The handlers log what deserves it themselves
+    (:func:`validate_quota`: admission failures other than a 403). Only these exact lines go:
+    an unexpected exception in a handler is logged by Kopf with its traceback, untouched.
+    """
+
+    PREFIXES = tuple(
+        f"Webhook {webhook!r} failed permanently: " for webhook in (QUOTA_WEBHOOK_ID,
+                                                                   PODSET_WEBHOOK_ID)
+    )  # fmt: skip
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is not None or not record.getMessage().startswith(self.PREFIXES)
 
 
 def _stop_this_process() -> None:
@@ -182,6 +220,7 @@ async def validate_quota(
     if runtime is None:
         # Kopf serves webhooks only after start-up, so this is a broken invariant: refuse
         # rather than allow something a quota would deny.
+        logger.error("quota admission called before tally started; refused")
         raise kopf.AdmissionError("tally is not started", code=500)
     attributes = Attributes(
         namespace=namespace or "",
@@ -196,6 +235,15 @@ async def validate_quota(
     try:
         await runtime.admit(attributes)
     except AdmissionDenied as denied:
+        if denied.code != 403:
+            # Not a quota saying no (403) but admission failing to decide: a timeout, writes
+            # that kept conflicting, an object or quota it cannot read. Kopf's own line for
+            # it is filtered (_RefusalsFilter).
+            logger.warning(
+                "quota admission refused %s %s %s/%s with %d: %s",
+                attributes.operation, attributes.group_resource, namespace, name, denied.code,
+                denied.message,
+            )  # fmt: skip
         raise kopf.AdmissionError(denied.message, code=denied.code) from None
 
 

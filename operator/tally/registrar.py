@@ -8,6 +8,11 @@ operator does not leave a dead fail-closed webhook behind.
 In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
 Its caBundle follows the serving certificate (:meth:`WebhookRegistrar.set_ca_bundle`, called
 by :mod:`tally.webhook_tls` when a CA joins or leaves).
+
+It also answers which kinds admission charges on creation *now*
+(:meth:`WebhookRegistrar.charges_creations`): the quota controller recalculates on creations
+of every other kind, since nobody else counts them (before registration, with the webhook off,
+in the moment a ``count/`` rule is new).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import base64
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -25,6 +31,7 @@ from kubernetes_asyncio import client
 from tally import kube
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.webhook import (
+    CORE_RESOURCES,
     ServiceReference,
     count_resources,
     validating_webhook_configuration,
@@ -36,6 +43,14 @@ logger = logging.getLogger(__name__)
 PATH: Final = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 READY_POLL_S: Final = 0.1
 REFRESH_DEBOUNCE_S: Final = 0.2
+RULES_SETTLE_S: Final = 2.0
+"""How long after a configuration is applied tally counts on the API server enforcing it. The
+API server picks webhook configurations up through its own watch (milliseconds on the local
+control plane); a create in between passes unjudged, so until then its kind is recalculated on
+creation (:meth:`WebhookRegistrar.charges_creations`)."""
+CHARGED_CORE_KINDS: Final = frozenset(
+    GroupResource("", resource) for resource in CORE_RESOURCES if "/" not in resource
+)
 _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -56,6 +71,7 @@ class WebhookRegistrar:
         service: ServiceReference | None = None,
         tls_name: str | None = None,
         evaluators: Callable[[], Iterable[Evaluator]] = tuple,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``service``: name a Service in the client configs instead of ``url``. ``tls_name``:
         a name the serving certificate holds, to check that the server answers (default: the
@@ -75,6 +91,10 @@ class WebhookRegistrar:
         self._exempt = tuple(exempt_namespaces)
         self._applied: set[GroupResource] | None = None
         """The extra rules last applied; None until the first apply (registration)."""
+        self._clock = clock
+        self._charged_since: dict[GroupResource, float] = {}
+        """Each kind the applied rules send to admission, with when the first configuration
+        covering it was applied (clock time). Emptied by :meth:`stop`."""
         self._lock = asyncio.Lock()
         """Held across each GET + PUT, so that a rules refresh and a caBundle change never
         race each other into a 409 (or one overwriting the other with stale content)."""
@@ -170,6 +190,17 @@ class WebhookRegistrar:
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await kube.put_json(self._api, f"{PATH}/{self.name}", body)
         self._applied = extra
+        now = self._clock()
+        covered = CHARGED_CORE_KINDS | extra
+        self._charged_since = {gr: self._charged_since.get(gr, now) for gr in covered}
+
+    def charges_creations(self, gr: GroupResource) -> bool:
+        """Whether admission charges creations of ``gr`` now: the applied rules have covered it
+        for :data:`RULES_SETTLE_S`. False before registration, after :meth:`stop`, and for a
+        kind whose rule is new or gone; a quota of such a kind must be recalculated when one
+        is created, as nobody charged it."""
+        since = self._charged_since.get(gr)
+        return since is not None and self._clock() - since >= RULES_SETTLE_S
 
     def quotas_changed(self) -> None:
         """A quota changed: re-apply if the set of ``count/`` resources did (debounced)."""
@@ -193,6 +224,7 @@ class WebhookRegistrar:
         # receiving quota events and certificate passes until its process ends, and the
         # configuration may already be the new leader's.
         self._stopped = True
+        self._charged_since.clear()
         for task in (self._task, self._refresh):
             if task is not None and not task.done():
                 task.cancel()

@@ -155,6 +155,7 @@ class Runtime:
             self.stores,
             watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
             replenish=self.controller.replenish,
+            creations_charged=self.creations_charged,
             on_kind_synced=self._count_kind_synced,
             may_report=lambda: self.leading,
         )
@@ -214,6 +215,9 @@ class Runtime:
                 controller.replenish(RESOURCE_QUOTAS, change.namespace)
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
+                if not self.creations_charged(RESOURCE_QUOTAS):
+                    # Quotas counting quotas: nobody charged this one's creation.
+                    controller.replenish(RESOURCE_QUOTAS, change.namespace)
             else:
                 controller.update_quota(change.old or {}, change.new or {})
                 if usage_raised(change.old or {}, change.new or {}):
@@ -225,7 +229,9 @@ class Runtime:
 
         self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
         for gr in (*TRACKED_CORE_KINDS, PODSETS):
-            self.informers[gr].add_handler(_replenisher(controller, gr, self.registry.get(gr)))
+            self.informers[gr].add_handler(
+                _replenisher(controller, gr, self.registry.get(gr), self.creations_charged)
+            )
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
         self.pod_views.add_handler(self.podset_controller.on_pod)
 
@@ -487,21 +493,37 @@ class Runtime:
         if secret is not None and (metadata.get("namespace"), metadata.get("name")) == secret:
             self.tls.changed(str(metadata.get("resourceVersion") or ""))
 
+    def creations_charged(self, gr: GroupResource) -> bool:
+        """Whether quota admission charges creations of ``gr`` now (the webhook is registered
+        with a rule for it, long enough for the API server to apply it). Where it does not —
+        before registration, with ``TALLY_WEBHOOK_ENABLED=false``, a ``count/`` rule just
+        added — the quota controller recalculates on every creation, or usage would miss
+        those objects until the next full resync and admission would let more in."""
+        return self.registrar is not None and self.registrar.charges_creations(gr)
+
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
         await self.admission.evaluate(attributes)
 
 
 def _replenisher(
-    controller: ResourceQuotaController, gr: GroupResource, evaluator: Evaluator | None
+    controller: ResourceQuotaController,
+    gr: GroupResource,
+    evaluator: Evaluator | None,
+    creations_charged: Callable[[GroupResource], bool],
 ) -> Any:
     def on_tracked(change: Change[Any]) -> None:
-        # Creations are charged by admission; deletions and the updates the evaluator names as
-        # usage-lowering trigger a recalculation (upstream's replenishment).
-        if change.kind is ChangeKind.DELETED or (
-            change.kind is ChangeKind.UPDATED
-            and evaluator is not None
-            and evaluator.requires_replenishment(change.old, change.new)
+        # Deletions and the updates the evaluator names as usage-lowering trigger a
+        # recalculation (upstream's replenishment). Creations do too unless admission charged
+        # them: upstream's plugin always does, tally's webhook only once registered.
+        if (
+            change.kind is ChangeKind.DELETED
+            or (change.kind is ChangeKind.ADDED and not creations_charged(gr))
+            or (
+                change.kind is ChangeKind.UPDATED
+                and evaluator is not None
+                and evaluator.requires_replenishment(change.old, change.new)
+            )
         ):
             controller.replenish(gr, change.namespace)
 

@@ -178,6 +178,8 @@ class TallyProcess:
         while not self._live(liveness_url):
             self._check_alive_before(deadline, "its liveness endpoint never answered")
             time.sleep(0.2)
+        if env.get("TALLY_WEBHOOK_ENABLED", "true").lower() == "false":
+            return  # no webhook to wait for: live is all there is
         if not registered:
             while not self.webhook_listening():
                 self._check_alive_before(deadline, "its webhook never served")

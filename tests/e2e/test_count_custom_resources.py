@@ -122,6 +122,9 @@ class Harness:
             self.stores,
             watched=CORE_KINDS,
             replenish=lambda gr, ns: self.replenished.append((gr, ns)),
+            # As when tally's webhook rules cover these kinds: creations were charged, so
+            # only deletions replenish (tests/unit/test_discovery.py covers the other case).
+            creations_charged=lambda gr: True,
             on_kind_synced=self.synced.append,
             period=1.0,
         )

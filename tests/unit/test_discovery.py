@@ -368,6 +368,8 @@ class Harness:
         self.registry = new_registry()
         self.replenished: list[tuple[GroupResource, str]] = []
         self.synced: list[GroupResource] = []
+        self.charged: set[GroupResource] = set()
+        """Kinds quota admission charges on creation (the webhook's rules cover them)."""
         self.recorder = FakeRecorder()
         self.reflectors: list[StubReflector] = []
         self.fetch = FakeFetch(documents)
@@ -384,6 +386,7 @@ class Harness:
             self.stores,
             watched={GroupResource("", "pods")},
             replenish=lambda gr, ns: self.replenished.append((gr, ns)),
+            creations_charged=lambda gr: gr in self.charged,
             on_kind_synced=self.synced.append,
             recorder=self.recorder,
             fetch=self.fetch,
@@ -406,6 +409,7 @@ def widget(name: str, rv: str = "1") -> Obj:
 
 async def test_manager_registers_a_kind_only_after_its_first_list() -> None:
     h = Harness(DOCUMENTS)
+    h.charged = {WIDGETS}
     h.quotas = [quota("q", {"count/widgets.example.com": "5", "count/pods": "1"})]
     await h.kinds.refresh()
 
@@ -426,12 +430,32 @@ async def test_manager_registers_a_kind_only_after_its_first_list() -> None:
         ["count/widgets.example.com"]
     )
 
-    # Deletes replenish; adds and updates do not.
+    # Admission charges widget creations: deletes replenish; adds and updates do not.
     h.reflector(WIDGETS).informer.on_event("ADDED", widget("w3"))
     h.reflector(WIDGETS).informer.on_event("MODIFIED", widget("w3", "2"))
     h.reflector(WIDGETS).informer.on_event("DELETED", widget("w1"))
     assert [(WIDGETS, "ns")] == h.replenished
     assert [] == h.recorder.events
+
+
+async def test_creations_admission_did_not_charge_are_counted() -> None:
+    # Before tally's webhook has a rule for a newly counted resource (or with the webhook
+    # off), nobody charges its creations: each must trigger a recalculation, the initial
+    # LIST's objects included, or the quota would miss them until the next full resync.
+    h = Harness(DOCUMENTS)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5"})]
+    await h.kinds.refresh()
+    h.reflector(WIDGETS).items = [widget("w1")]
+    await h.reflector(WIDGETS).sync()
+    assert [(WIDGETS, "ns")] == h.replenished
+    h.reflector(WIDGETS).informer.on_event("ADDED", widget("w2"))
+    assert [(WIDGETS, "ns")] * 2 == h.replenished
+    h.reflector(WIDGETS).informer.on_event("MODIFIED", widget("w2", "2"))
+    assert [(WIDGETS, "ns")] * 2 == h.replenished  # an update lowers nothing here
+    # Once the rule is in force, creations are admission's again.
+    h.charged = {WIDGETS}
+    h.reflector(WIDGETS).informer.on_event("ADDED", widget("w3"))
+    assert [(WIDGETS, "ns")] * 2 == h.replenished
 
 
 async def test_manager_drops_kinds_no_quota_names() -> None:

@@ -195,8 +195,15 @@ class PodSetController:
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
             default_controller_rate_limiter(), name=QUEUE_NAME, metrics_provider=metrics_provider
         )
+        # A pod write the API server refused (a quota, a namespace terminating) is retried
+        # and logged in one line: the PodSet's ReplicaFailure condition and its Warning Event
+        # already say it to the user, as upstream's; a traceback per retry says nothing more.
         self._pool = WorkerPool(
-            self.queue, self.sync_podset, workers=workers, name=QUEUE_NAME, expected=(Conflict,)
+            self.queue,
+            self.sync_podset,
+            workers=workers,
+            name=QUEUE_NAME,
+            expected=(Conflict, PodControlError),
         )
 
     # -- lifecycle
