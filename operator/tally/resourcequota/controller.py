@@ -231,14 +231,26 @@ class ResourceQuotaController:
         self.queue.add(quota_key(quota_obj))
 
     def replenish(self, group_resource: GroupResource, namespace: str) -> None:
-        """Usage of ``group_resource`` in ``namespace`` may have gone down: recalculate the
+        """Usage of ``group_resource`` in ``namespace`` may have changed: recalculate the
         quotas there that track something its evaluator measures (upstream ``replenishQuota``).
+
+        Upstream matches on the cached ``status.hard`` and leaves a quota without one to its
+        own first sync. That sync may be running already, having counted the namespace before
+        this change reached the cache, with its status write still on the way: the change
+        would then be lost until the next full resync (seen with ``make run``: the example
+        PodSet's first pods, created while the quota's first status write was in flight,
+        stayed uncounted). So the newest copy this process knows is read, as syncs read it,
+        and a quota without ``status.hard`` matches on ``spec.hard``: the queue runs an
+        in-flight key again after it finishes.
         """
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
             return
-        for quota_obj in self.quotas.in_namespace(namespace):
-            hard = (quota_obj.get("status") or {}).get("hard") or {}
+        for cached in self.quotas.in_namespace(namespace):
+            quota_obj = cached if self.newest is None else self.newest(cached)
+            hard = (quota_obj.get("status") or {}).get("hard") or (
+                (quota_obj.get("spec") or {}).get("hard") or {}
+            )
             if isinstance(hard, Mapping) and evaluator.matching_resources(list(hard)):
                 self.queue.add(quota_key(quota_obj))
 
