@@ -14,29 +14,16 @@ These tests run their own tally (no ``operator`` fixture: one tally per control 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest_asyncio
 from kubernetes_asyncio import client
 from operator_process import TallyProcess
 from podset_e2e import PODSET, install_podset_crd
 
-from tally_e2e import ControlPlane, eventually, wait_for_default_service_account
+from tally_e2e import ControlPlane, eventually
 
 IMAGE = "registry.example/app:1"
-
-
-@pytest_asyncio.fixture
-async def fresh_namespace(api: client.ApiClient) -> AsyncIterator[str]:
-    core = client.CoreV1Api(api)
-    name = f"e2e-uncharged-{uuid.uuid4().hex[:6]}"
-    await core.create_namespace({"metadata": {"name": name}})
-    await wait_for_default_service_account(api, name)
-    yield name
-    await core.delete_namespace(name)
 
 
 async def _used(api: client.ApiClient, namespace: str, name: str = "q") -> dict[str, Any]:
@@ -49,7 +36,7 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 async def test_creations_count_when_the_webhook_is_off(
-    control_plane: ControlPlane, api: client.ApiClient, fresh_namespace: str, tmp_path: Path
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     # Usage only: nobody charges creations, so each one must trigger a recalculation.
     tally = TallyProcess(
@@ -62,21 +49,21 @@ async def test_creations_count_when_the_webhook_is_off(
     try:
         core = client.CoreV1Api(api)
         await core.create_namespaced_resource_quota(
-            fresh_namespace,
+            namespace,
             {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "10", "count/secrets": "10"}}},
         )
         await eventually(
-            lambda: _used(api, fresh_namespace),
+            lambda: _used(api, namespace),
             until=lambda used: used == {"pods": "0", "count/secrets": "0"},
             within=5,
             what="the quota's first usage",
         )
         for index in range(3):
-            await core.create_namespaced_pod(fresh_namespace, _pod(f"p{index}"))
-        await core.create_namespaced_secret(fresh_namespace, {"metadata": {"name": "s"}})
+            await core.create_namespaced_pod(namespace, _pod(f"p{index}"))
+        await core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}})
         # Within seconds, not at the next full resync (5 minutes).
         await eventually(
-            lambda: _used(api, fresh_namespace),
+            lambda: _used(api, namespace),
             until=lambda used: used == {"pods": "3", "count/secrets": "1"},
             within=5,
             what="usage counting the creations",
@@ -86,36 +73,36 @@ async def test_creations_count_when_the_webhook_is_off(
 
 
 async def test_pods_created_before_the_webhook_is_registered_are_counted(
-    control_plane: ControlPlane, api: client.ApiClient, fresh_namespace: str, tmp_path: Path
+    control_plane: ControlPlane, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     # The `make run` scenario: a quota and a PodSet exist before tally starts; tally's PodSet
     # controller creates the pods as soon as it starts, before its webhook is registered.
     install_podset_crd(control_plane)
     core = client.CoreV1Api(api)
     await core.create_namespaced_resource_quota(
-        fresh_namespace, {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "5"}}}
+        namespace, {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "5"}}}
     )
-    await PODSET.create(api, fresh_namespace, "web", 3)
+    await PODSET.create(api, namespace, "web", 3)
     tally = TallyProcess(control_plane.kubeconfig, tmp_path / "tally.log",
                          bin_dir=control_plane.bin_dir)  # fmt: skip
     tally.start()
     try:
         await eventually(
-            lambda: PODSET.owned_pods(api, fresh_namespace, "web"),
+            lambda: PODSET.owned_pods(api, namespace, "web"),
             until=lambda pods: len(pods) == 3,
             within=10,
             what="the PodSet's 3 pods",
         )
         await eventually(
-            lambda: _used(api, fresh_namespace),
+            lambda: _used(api, namespace),
             until=lambda used: used == {"pods": "3"},
             within=5,
             what="usage counting the PodSet's pods",
         )
         # Past the quota: exactly 5 pods, never more, and the quota says 5.
-        await PODSET.scale(api, fresh_namespace, "web", 10)
+        await PODSET.scale(api, namespace, "web", 10)
         await eventually(
-            lambda: PODSET.get(api, fresh_namespace, "web"),
+            lambda: PODSET.get(api, namespace, "web"),
             until=lambda podset: any(
                 c.get("type") == "ReplicaFailure" and c.get("status") == "True"
                 for c in (podset.get("status") or {}).get("conditions") or []
@@ -123,8 +110,8 @@ async def test_pods_created_before_the_webhook_is_registered_are_counted(
             within=15,
             what="ReplicaFailure on the PodSet",
         )
-        pods = await core.list_namespaced_pod(fresh_namespace)
+        pods = await core.list_namespaced_pod(namespace)
         assert 5 == len(pods.items)
-        assert {"pods": "5"} == await _used(api, fresh_namespace)
+        assert {"pods": "5"} == await _used(api, namespace)
     finally:
         tally.stop()
