@@ -78,6 +78,15 @@ logger = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
 
+
+class Replenish(Protocol):
+    """The quota controller's ``replenish``."""
+
+    def __call__(
+        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
+    ) -> None: ...
+
+
 DISCOVERY_PERIOD_S: Final = 30.0
 """Upstream's quota controller re-discovers resources every 30 s: the longest a CRD created
 after its quota waits to be counted, and a deleted one to be reported."""
@@ -398,7 +407,7 @@ class DynamicKinds:
         stores: MutableMapping[GroupResource, Store[Any]],
         *,
         watched: Collection[GroupResource],
-        replenish: Callable[[GroupResource, str], None],
+        replenish: Replenish,
         creations_charged: Callable[[GroupResource], bool] = lambda _: False,
         on_kind_synced: Callable[[GroupResource], None] | None = None,
         period: float = DISCOVERY_PERIOD_S,
@@ -627,6 +636,9 @@ class DynamicKinds:
                 )
             ):
                 replenish(gr, change.namespace)
+            elif change.kind is ChangeKind.ADDED:
+                # Charged, except to quotas whose status admission could not read yet.
+                replenish(gr, change.namespace, unsynced_only=True)
 
         return on_change
 

@@ -215,9 +215,13 @@ class Runtime:
                 controller.replenish(RESOURCE_QUOTAS, change.namespace)
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
-                if not self.creations_charged(RESOURCE_QUOTAS):
-                    # Quotas counting quotas: nobody charged this one's creation.
-                    controller.replenish(RESOURCE_QUOTAS, change.namespace)
+                # Quotas counting quotas: nobody charged this one's creation, or only quotas
+                # whose status was known.
+                controller.replenish(
+                    RESOURCE_QUOTAS,
+                    change.namespace,
+                    unsynced_only=self.creations_charged(RESOURCE_QUOTAS),
+                )
             else:
                 controller.update_quota(change.old or {}, change.new or {})
                 if usage_raised(change.old or {}, change.new or {}):
@@ -526,6 +530,9 @@ def _replenisher(
             )
         ):
             controller.replenish(gr, change.namespace)
+        elif change.kind is ChangeKind.ADDED:
+            # Charged, except to quotas whose status admission could not read yet.
+            controller.replenish(gr, change.namespace, unsynced_only=True)
 
     return on_tracked
 

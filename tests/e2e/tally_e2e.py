@@ -90,6 +90,22 @@ async def wait_for_default_service_account(api: client.ApiClient, namespace: str
     await eventually(names, until=lambda found: "default" in found, what="default SA")
 
 
+async def wait_for_root_ca_configmap(api: client.ApiClient, namespace: str) -> None:
+    """kube-controller-manager's root-ca-cert-publisher creates ``kube-root-ca.crt`` in every
+    new namespace. Its create passes tally's quota webhook (configmaps are quota-tracked), so
+    it often lands after the default service account: a test that counts configmaps must
+    not start before it, or it sees a configmap appear that the test did not create. (Not
+    part of the namespace fixture: with a dead fail-closed webhook left registered on
+    purpose, as test_manifests does, the map is never created.)"""
+    core = client.CoreV1Api(api)
+
+    async def names() -> set[str]:
+        maps = await core.list_namespaced_config_map(namespace)
+        return {item.metadata.name for item in maps.items}
+
+    await eventually(names, until=lambda found: "kube-root-ca.crt" in found, what="root CA map")
+
+
 def _timestamp(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -114,6 +114,8 @@ class Harness:
         self.registry: Registry = new_registry()
         self.stores: dict[GroupResource, Store[Any]] = {}
         self.replenished: list[tuple[GroupResource, str]] = []
+        self.replenished_unsynced: list[tuple[GroupResource, str]] = []
+        """Charged creations: only quotas without a status yet are to be synced."""
         self.synced: list[GroupResource] = []
         self.kinds = DynamicKinds(
             api,
@@ -121,13 +123,16 @@ class Harness:
             self._all_quotas,
             self.stores,
             watched=CORE_KINDS,
-            replenish=lambda gr, ns: self.replenished.append((gr, ns)),
+            replenish=self._replenish,
             # As when tally's webhook rules cover these kinds: creations were charged, so
             # only deletions replenish (tests/unit/test_discovery.py covers the other case).
             creations_charged=lambda gr: True,
             on_kind_synced=self.synced.append,
             period=1.0,
         )
+
+    def _replenish(self, gr: GroupResource, namespace: str, *, unsynced_only: bool = False) -> None:
+        (self.replenished_unsynced if unsynced_only else self.replenished).append((gr, namespace))
 
     def _all_quotas(self) -> list[Any]:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]

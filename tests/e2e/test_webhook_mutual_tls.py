@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client
 
-from tally_e2e import RunningOperator, eventually
+from tally_e2e import RunningOperator, eventually, wait_for_root_ca_configmap
 
 QUOTA_WEBHOOK = "quota.tally.dev"
 IMAGE = "registry.example/app:1"
@@ -152,6 +152,9 @@ async def test_only_the_api_servers_certificate_gets_an_answer(
     operator: RunningOperator, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     assert operator.webhook_client is not None, "the operator fixture runs with mutual TLS"
+    # The quota counts configmaps: kube-controller-manager's own must be there before the
+    # baseline is read, or it lands during the test (seen once in CI).
+    await wait_for_root_ca_configmap(api, namespace)
     core = client.CoreV1Api(api)
     await core.create_namespaced_resource_quota(
         namespace,

@@ -367,6 +367,8 @@ class Harness:
         self.stores: dict[GroupResource, Store[Any]] = {}
         self.registry = new_registry()
         self.replenished: list[tuple[GroupResource, str]] = []
+        self.replenished_unsynced: list[tuple[GroupResource, str]] = []
+        """Charged creations: only quotas without a status yet are to be synced."""
         self.synced: list[GroupResource] = []
         self.charged: set[GroupResource] = set()
         """Kinds quota admission charges on creation (the webhook's rules cover them)."""
@@ -385,7 +387,7 @@ class Harness:
             lambda: self.quotas,
             self.stores,
             watched={GroupResource("", "pods")},
-            replenish=lambda gr, ns: self.replenished.append((gr, ns)),
+            replenish=self._replenish,
             creations_charged=lambda gr: gr in self.charged,
             on_kind_synced=self.synced.append,
             recorder=self.recorder,
@@ -394,6 +396,9 @@ class Harness:
             may_report=lambda: self.leading,
         )
         self.leading = True
+
+    def _replenish(self, gr: GroupResource, namespace: str, *, unsynced_only: bool = False) -> None:
+        (self.replenished_unsynced if unsynced_only else self.replenished).append((gr, namespace))
 
     def reflector(self, gr: GroupResource) -> StubReflector:
         found = self.kinds.reflector(gr)
@@ -430,11 +435,14 @@ async def test_manager_registers_a_kind_only_after_its_first_list() -> None:
         ["count/widgets.example.com"]
     )
 
-    # Admission charges widget creations: deletes replenish; adds and updates do not.
+    # Admission charges widget creations: deletes replenish; adds and updates do not, but an
+    # add still syncs quotas admission could not charge (no status yet).
+    h.replenished_unsynced.clear()  # the first LIST's adds
     h.reflector(WIDGETS).informer.on_event("ADDED", widget("w3"))
     h.reflector(WIDGETS).informer.on_event("MODIFIED", widget("w3", "2"))
     h.reflector(WIDGETS).informer.on_event("DELETED", widget("w1"))
     assert [(WIDGETS, "ns")] == h.replenished
+    assert [(WIDGETS, "ns")] == h.replenished_unsynced
     assert [] == h.recorder.events
 
 

@@ -230,7 +230,9 @@ class ResourceQuotaController:
         # anything keyed by the quota (metrics) is cleared by the same path.
         self.queue.add(quota_key(quota_obj))
 
-    def replenish(self, group_resource: GroupResource, namespace: str) -> None:
+    def replenish(
+        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
+    ) -> None:
         """Usage of ``group_resource`` in ``namespace`` may have changed: recalculate the
         quotas there that track something its evaluator measures (upstream ``replenishQuota``).
 
@@ -242,15 +244,21 @@ class ResourceQuotaController:
         stayed uncounted). So the newest copy this process knows is read, as syncs read it,
         and a quota without ``status.hard`` matches on ``spec.hard``: the queue runs an
         in-flight key again after it finishes.
+
+        ``unsynced_only``: only quotas without ``status.hard``, for a creation admission
+        charged. Admission skips a quota whose status is not known yet (upstream too), so a
+        create admitted then is charged to nobody; that quota's first sync counts it only if
+        the object reached the cache first.
         """
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
             return
         for cached in self.quotas.in_namespace(namespace):
             quota_obj = cached if self.newest is None else self.newest(cached)
-            hard = (quota_obj.get("status") or {}).get("hard") or (
-                (quota_obj.get("spec") or {}).get("hard") or {}
-            )
+            status_hard = (quota_obj.get("status") or {}).get("hard")
+            if unsynced_only and status_hard:
+                continue
+            hard = status_hard or ((quota_obj.get("spec") or {}).get("hard") or {})
             if isinstance(hard, Mapping) and evaluator.matching_resources(list(hard)):
                 self.queue.add(quota_key(quota_obj))
 

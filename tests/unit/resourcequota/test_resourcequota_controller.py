@@ -903,6 +903,15 @@ async def test_replenish(
     assert [] == writer.writes
 
 
+async def test_replenish_for_a_charged_creation_syncs_only_quotas_without_status() -> None:
+    # Admission skips a quota whose status it cannot read yet, so a create admitted then is
+    # charged to nobody: only such a quota needs a sync; the others were charged.
+    controller, _ = new_controller([_tracking("synced", {"pods": "5"}), _tracking("new", None)])
+    controller.replenish(PODS, "ns", unsynced_only=True)
+    assert 1 == len(controller.queue)
+    assert ("ns", "new") == await controller.queue.get()
+
+
 async def test_replenish_reads_the_newest_copy_of_a_quota() -> None:
     # The cache still holds the quota from before this process's first status write (no
     # status.hard); the write that is newer says what the quota tracks.
