@@ -619,26 +619,24 @@ class DynamicKinds:
         creations_charged = self._creations_charged
 
         def on_change(change: Change[Any]) -> None:
-            # Deletions lower usage (upstream replenishment); creations raise it, and count
-            # only where admission did not charge them (``creations_charged``: tally's webhook
-            # rule for a newly counted resource is not in force yet). A deletion is told by
-            # the entry being gone, not by ``change.new is None``: object-count projections
-            # *are* None, so every add and update would look like a delete. Handlers run after
-            # the store changed (after the whole LIST, for a re-list), so the entry is the
-            # object's current state.
-            if (
-                store.entry(change.namespace, change.name) is None
-                or (change.kind is ChangeKind.ADDED and not creations_charged(gr))
-                or (
-                    change.old is not None
-                    and change.new is not None
-                    and evaluator.requires_replenishment(change.old, change.new)
-                )
-            ):
+            # As the runtime's replenisher for the core kinds: deletions and usage-lowering
+            # updates replenish; a creation concerns every quota where admission did not
+            # charge it (tally's webhook rule for a newly counted resource is not in force
+            # yet), else only quotas whose status admission could not read. A deletion is
+            # told by the entry being gone, not by ``change.new is None``: object-count
+            # projections *are* None, so every add and update would look like a delete.
+            # Handlers run after the store changed (after the whole LIST, for a re-list), so
+            # the entry is the object's current state.
+            if store.entry(change.namespace, change.name) is None:
                 replenish(gr, change.namespace)
             elif change.kind is ChangeKind.ADDED:
-                # Charged, except to quotas whose status admission could not read yet.
-                replenish(gr, change.namespace, unsynced_only=True)
+                replenish(gr, change.namespace, unsynced_only=creations_charged(gr))
+            elif (
+                change.old is not None
+                and change.new is not None
+                and evaluator.requires_replenishment(change.old, change.new)
+            ):
+                replenish(gr, change.namespace)
 
         return on_change
 

@@ -215,8 +215,7 @@ class Runtime:
                 controller.replenish(RESOURCE_QUOTAS, change.namespace)
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
-                # Quotas counting quotas: nobody charged this one's creation, or only quotas
-                # whose status was known.
+                # Quotas counting quotas: a creation, as in _replenisher.
                 controller.replenish(
                     RESOURCE_QUOTAS,
                     change.namespace,
@@ -518,21 +517,15 @@ def _replenisher(
 ) -> Any:
     def on_tracked(change: Change[Any]) -> None:
         # Deletions and the updates the evaluator names as usage-lowering trigger a
-        # recalculation (upstream's replenishment). Creations do too unless admission charged
-        # them: upstream's plugin always does, tally's webhook only once registered.
-        if (
-            change.kind is ChangeKind.DELETED
-            or (change.kind is ChangeKind.ADDED and not creations_charged(gr))
-            or (
-                change.kind is ChangeKind.UPDATED
-                and evaluator is not None
-                and evaluator.requires_replenishment(change.old, change.new)
-            )
+        # recalculation (upstream's replenishment). A creation admission charged concerns only
+        # quotas whose status it could not read yet; one it did not charge (tally's webhook
+        # rules not in force) concerns every quota, as upstream's plugin never lets that be.
+        if change.kind is ChangeKind.ADDED:
+            controller.replenish(gr, change.namespace, unsynced_only=creations_charged(gr))
+        elif change.kind is ChangeKind.DELETED or (
+            evaluator is not None and evaluator.requires_replenishment(change.old, change.new)
         ):
             controller.replenish(gr, change.namespace)
-        elif change.kind is ChangeKind.ADDED:
-            # Charged, except to quotas whose status admission could not read yet.
-            controller.replenish(gr, change.namespace, unsynced_only=True)
 
     return on_tracked
 
