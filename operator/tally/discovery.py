@@ -68,23 +68,17 @@ from typing import Any, Final, Protocol
 from kubernetes_asyncio import client
 
 from tally import kube
-from tally.cache import Change, ChangeKind, Store
+from tally.cache import Store
+from tally.charges import ChargeLedger
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, group_resource_for_count_name
 from tally.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
+from tally.resourcequota.replenishment import Replenish, replenisher
 
 logger = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
-
-
-class Replenish(Protocol):
-    """The quota controller's ``replenish``."""
-
-    def __call__(
-        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
-    ) -> None: ...
 
 
 DISCOVERY_PERIOD_S: Final = 30.0
@@ -409,6 +403,7 @@ class DynamicKinds:
         watched: Collection[GroupResource],
         replenish: Replenish,
         creations_charged: Callable[[GroupResource], bool] = lambda _: False,
+        charges: ChargeLedger | None = None,
         on_kind_synced: Callable[[GroupResource], None] | None = None,
         period: float = DISCOVERY_PERIOD_S,
         recorder: EventRecorder | None = None,
@@ -428,6 +423,7 @@ class DynamicKinds:
         """Kinds fed elsewhere (Kopf): never started here even when a quota counts them."""
         self._replenish = replenish
         self._creations_charged = creations_charged
+        self._charges = charges
         self._on_kind_synced = on_kind_synced
         self.period = period
         self._recorder: EventRecorder = recorder or KubeEventRecorder(api)
@@ -592,7 +588,16 @@ class DynamicKinds:
             on_synced=on_synced,
             on_failure=on_failure,
         )
-        reflector.informer.add_handler(self._replenisher(gr, evaluator, store))
+        reflector.informer.add_handler(
+            replenisher(
+                self._replenish,
+                gr,
+                evaluator,
+                store,
+                creations_charged=self._creations_charged,
+                charges=self._charges,
+            )
+        )
         kind = _Kind(resource, reflector, evaluator, owns_evaluator=existing is None)
         self._kinds[gr] = kind
         logger.info("dynamic kinds: watching %s (version %s)", gr, resource.version)
@@ -611,34 +616,6 @@ class DynamicKinds:
         logger.info("dynamic kinds: %s synced (%d objects)", gr, len(kind.reflector.informer.store))
         if self._on_kind_synced is not None:
             self._on_kind_synced(gr)
-
-    def _replenisher(
-        self, gr: GroupResource, evaluator: Evaluator, store: Store[Any]
-    ) -> Callable[[Change[Any]], None]:
-        replenish = self._replenish
-        creations_charged = self._creations_charged
-
-        def on_change(change: Change[Any]) -> None:
-            # As the runtime's replenisher for the core kinds: deletions and usage-lowering
-            # updates replenish; a creation concerns every quota where admission did not
-            # charge it (tally's webhook rule for a newly counted resource is not in force
-            # yet), else only quotas whose status admission could not read. A deletion is
-            # told by the entry being gone, not by ``change.new is None``: object-count
-            # projections *are* None, so every add and update would look like a delete.
-            # Handlers run after the store changed (after the whole LIST, for a re-list), so
-            # the entry is the object's current state.
-            if store.entry(change.namespace, change.name) is None:
-                replenish(gr, change.namespace)
-            elif change.kind is ChangeKind.ADDED:
-                replenish(gr, change.namespace, unsynced_only=creations_charged(gr))
-            elif (
-                change.old is not None
-                and change.new is not None
-                and evaluator.requires_replenishment(change.old, change.new)
-            ):
-                replenish(gr, change.namespace)
-
-        return on_change
 
     async def _drop(self, gr: GroupResource) -> None:
         kind = self._kinds.pop(gr, None)

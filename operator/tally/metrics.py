@@ -8,6 +8,10 @@
   batch sizes, conflicts and retries;
 * quotas themselves, shaped like kube-state-metrics' ``kube_resourcequota{namespace,
   resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work;
+* charges admission wrote until their objects appear (:mod:`tally.charges`):
+  ``tally_admission_charges_confirmed_total``, ``tally_admission_charges_released_total{reason}``,
+  ``tally_admission_charges_late_total``, the confirmation latency and the age of the oldest
+  pending charge;
 * leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
   holds the Lease, or runs without election), else 0; the sum over replicas should be 1.
 
@@ -18,7 +22,7 @@ prometheus-client's threaded HTTP server: tally keeps threads out of the process
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -84,6 +88,38 @@ class Metrics:
             "Passes that re-read quotas to retry failed reservations.",
             registry=self.registry,
         )
+        self.charges_confirmed = Counter(
+            "tally_admission_charges_confirmed",
+            "Charges admission wrote whose objects then appeared in tally's caches.",
+            registry=self.registry,
+        )
+        self.charge_confirmation = Histogram(
+            "tally_admission_charge_confirmation_seconds",
+            "Time from admission allowing a charged request to its object in tally's caches "
+            "(what TALLY_CHARGE_CONFIRM_TIMEOUT must exceed).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.charges_released = Counter(
+            "tally_admission_charges_released",
+            "Charges admission wrote that were given back before their object appeared, by "
+            "reason: unconfirmed (not seen within TALLY_CHARGE_CONFIRM_TIMEOUT: refused after "
+            "tally's answer, or another replica's charge held until then), refused (tally "
+            "itself refused the request after writing its charge).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.charges_late = Counter(
+            "tally_admission_charges_late",
+            "Objects that appeared after their charge had been released as unconfirmed "
+            "(TALLY_CHARGE_CONFIRM_TIMEOUT is too short for this cluster).",
+            registry=self.registry,
+        )
+        self.oldest_unconfirmed_charge = Gauge(
+            "tally_admission_oldest_unconfirmed_charge_seconds",
+            "Age of the oldest charge still waiting for its object (0: none).",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "tally_leader",
             "1 while this process runs the controllers (it holds the leader election's Lease, "
@@ -134,6 +170,22 @@ class Metrics:
 
     def retried(self) -> None:
         self.admission_retries.inc()
+
+    # -- tally.charges.ChargeMetrics
+
+    def charge_confirmed(self, seconds: float) -> None:
+        self.charges_confirmed.inc()
+        self.charge_confirmation.observe(seconds)
+
+    def charge_released(self, reason: str) -> None:
+        self.charges_released.labels(reason).inc()
+
+    def charge_late(self) -> None:
+        self.charges_late.inc()
+
+    def watch_charges(self, oldest_age: Callable[[], float | None]) -> None:
+        """Report the ledger's oldest pending charge at every scrape."""
+        self.oldest_unconfirmed_charge.set_function(lambda: oldest_age() or 0.0)
 
     # -- leader election
 

@@ -12,7 +12,6 @@ The informer here is the usage controller's quota store, synced before the webho
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +20,18 @@ from kubernetes_asyncio import client
 from tally import kube
 from tally.admission.accessor import UpdatedQuotas
 from tally.cache import Store
+from tally.charges import ChargeLedger, QuotaKey
 from tally.errors import Conflict
+from tally.quantity import Quantity
 
 Obj = Mapping[str, Any]
+
+
+def _version(quota: Obj) -> int | None:
+    try:
+        return int((quota.get("metadata") or {}).get("resourceVersion") or "")
+    except ValueError:
+        return None
 
 
 def _key(quota: Obj) -> tuple[str, str]:
@@ -39,13 +47,23 @@ class KubeQuotaAccessor:
     judges against a copy older than our own last write.
     """
 
-    def __init__(self, quotas: Store[Obj], api: client.ApiClient) -> None:
+    def __init__(
+        self, quotas: Store[Obj], api: client.ApiClient, charges: ChargeLedger | None = None
+    ) -> None:
+        """``charges``: where raises of usage this process did not write are held
+        (:meth:`usage_raised`); None ignores them."""
         self._quotas = quotas
         self._api = api
         self._updated = UpdatedQuotas()
-        # Monotonic time of admission's last reservation per quota (see the controller's
-        # RESERVATION_GRACE_S). Entries are small and bounded by the number of quotas.
-        self._reserved_at: dict[tuple[str, str], float] = {}
+        self._charges = charges
+        # Telling our own status writes from other replicas' on the quota watch. A write's
+        # resourceVersion is known only when its PUT returns, and its watch event may come
+        # first: raises seen while a PUT of that quota is in flight wait in _unsure until it
+        # returns. Each map is emptied as events pass (_written: up to the event's
+        # resourceVersion) and dropped with its quota (forget).
+        self._writing: dict[QuotaKey, int] = {}
+        self._written: dict[QuotaKey, set[int]] = {}
+        self._unsure: dict[QuotaKey, list[tuple[int, dict[str, Quantity]]]] = {}
 
     def newest(self, cached: Obj) -> Obj:
         """``cached``, or our own later write of the same quota if the cache lags behind it."""
@@ -63,32 +81,70 @@ class KubeQuotaAccessor:
 
     async def _put_status(self, quota: Obj) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
-        namespace, name = _key(quota)
+        namespace, name = key = _key(quota)
         path = kube.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
+        self._writing[key] = self._writing.get(key, 0) + 1
+        stored: Obj | None = None
         try:
             stored = await kube.put_json(self._api, path, quota)
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
             raise
+        finally:
+            self._wrote(key, stored)
         self._updated.add(stored)
         return stored
 
     async def update_quota_status(self, quota: Obj) -> Obj:
-        """Admission's write (``QuotaAccessor``): the CAS status update, remembered as a
-        reservation so the controller does not erase it before the object is cached."""
-        stored = await self._put_status(quota)
-        self._reserved_at[_key(stored)] = time.monotonic()
-        return stored
+        """Admission's write (``QuotaAccessor``): the CAS status update."""
+        return await self._put_status(quota)
 
-    def reservation_observed(self, key: tuple[str, str]) -> None:
-        """A watch event showed usage of this quota raised: possibly another replica's
-        reservation, which this process must not erase either (``usage_raised``)."""
-        self._reserved_at[key] = time.monotonic()
+    def _wrote(self, key: QuotaKey, stored: Obj | None) -> None:
+        left = self._writing.get(key, 1) - 1
+        if left:
+            self._writing[key] = left
+        else:
+            self._writing.pop(key, None)
+        version = _version(stored) if stored is not None else None
+        if version is not None:
+            self._written.setdefault(key, set()).add(version)
+        if not left:
+            for seen, amount in self._unsure.pop(key, []):
+                self._classify(key, seen, amount)
 
-    def since_reservation(self, key: tuple[str, str]) -> float | None:
-        at = self._reserved_at.get(key)
-        return None if at is None else time.monotonic() - at
+    def usage_raised(
+        self, key: QuotaKey, resource_version: str, amount: dict[str, Quantity]
+    ) -> None:
+        """A quota event at ``resource_version`` (``amount``: what it raised in ``status.used``,
+        :func:`~tally.resourcequota.controller.raised_usage`; may be empty). A raise another
+        replica's admission made is held in the charge ledger: the leader's controller must not
+        erase it before that replica's object reaches these caches."""
+        try:
+            version = int(resource_version)
+        except ValueError:
+            return
+        if amount and self._writing.get(key):
+            self._unsure.setdefault(key, []).append((version, amount))
+            return
+        self._classify(key, version, amount)
+
+    def _classify(self, key: QuotaKey, version: int, amount: dict[str, Quantity]) -> None:
+        written = self._written.get(key)
+        ours = written is not None and version in written
+        if written is not None:
+            # Events come in resourceVersion order: writes up to this one are seen or lost.
+            written.difference_update([v for v in written if v <= version])
+            if not written:
+                del self._written[key]
+        if amount and not ours and self._charges is not None:
+            self._charges.hold(key, amount)
+
+    def forget(self, key: QuotaKey) -> None:
+        """The quota was deleted: nothing of it is kept here."""
+        self._writing.pop(key, None)
+        self._written.pop(key, None)
+        self._unsure.pop(key, None)
 
     async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:
         """The controller's write (``QuotaStatusWriter``); a quota deleted meanwhile is done."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,8 +45,9 @@ from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
 from tally.cache import Change, ChangeKind, Store
+from tally.charges import ChargeLedger
 from tally.discovery import DynamicKinds
-from tally.evaluators.base import Evaluator, GroupResource, object_count_resource_name
+from tally.evaluators.base import GroupResource, object_count_resource_name
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.informers import Informer
@@ -55,7 +56,8 @@ from tally.metrics import Metrics
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota_accessor import KubeQuotaAccessor
 from tally.registrar import WebhookRegistrar
-from tally.resourcequota.controller import ResourceQuotaController, quota_key, usage_raised
+from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
+from tally.resourcequota.replenishment import replenisher
 from tally.settings import Settings
 from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
 from tally.webhook_tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
@@ -119,7 +121,12 @@ class Runtime:
             "pods(podset)", Store(pod_view, name="pods(podset)"), self._lister(PODS)
         )
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
-        self.accessor = KubeQuotaAccessor(self.quotas, api)
+        # Admission's charges until their objects reach the caches (confirmed) or the timeout
+        # passes (released: the quotas are recalculated). Every replica keeps its own; the
+        # leader also holds the raises of usage the others write (KubeQuotaAccessor).
+        self.charges = ChargeLedger(settings.charge_confirm_timeout, metrics=self.metrics)
+        self.metrics.watch_charges(self.charges.oldest_age)
+        self.accessor = KubeQuotaAccessor(self.quotas, api, charges=self.charges)
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
         # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
@@ -135,9 +142,10 @@ class Runtime:
             resync_period=settings.resync_period,
             metrics_provider=self.metrics.workqueue,
             observer=self.metrics,
-            last_reservation=self.accessor.since_reservation,
+            charges=self.charges,
             newest=self.accessor.newest,
         )
+        self.charges.recalculate = self._recalculate
         self.admission = QuotaEvaluator(
             self.accessor,
             self.registry,
@@ -147,6 +155,7 @@ class Runtime:
             # (upstream's words, 500) rather than giving up and applying the failure policy.
             timeout=ADMISSION_TIMEOUT_S,
             metrics=self.metrics,
+            charges=self.charges,
         )
         self.dynamic = DynamicKinds(
             api,
@@ -156,6 +165,7 @@ class Runtime:
             watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
             replenish=self.controller.replenish,
             creations_charged=self.creations_charged,
+            charges=self.charges,
             on_kind_synced=self._count_kind_synced,
             may_report=lambda: self.leading,
         )
@@ -206,37 +216,53 @@ class Runtime:
 
     def _wire_handlers(self) -> None:
         controller = self.controller
+        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``): their changes
+        # replenish like any tracked kind's, after the controller's own handling.
+        count_quotas = self._replenisher(RESOURCE_QUOTAS)
 
         def on_quota(change: Change[Any]) -> None:
             # Quota projections are the whole objects: never None for the side that exists.
             if change.kind is ChangeKind.DELETED:
-                controller.delete_quota(change.old or {})
-                # Other quotas of the namespace may count quotas: replenish like any delete.
-                controller.replenish(RESOURCE_QUOTAS, change.namespace)
+                old = change.old or {}
+                controller.delete_quota(old)
+                self.charges.forget_quota(quota_key(old))
+                self.accessor.forget(quota_key(old))
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
-                # Quotas counting quotas: a creation, as in _replenisher.
-                controller.replenish(
-                    RESOURCE_QUOTAS,
-                    change.namespace,
-                    unsynced_only=self.creations_charged(RESOURCE_QUOTAS),
-                )
             else:
-                controller.update_quota(change.old or {}, change.new or {})
-                if usage_raised(change.old or {}, change.new or {}):
-                    # Possibly another replica's reservation: protected like our own.
-                    self.accessor.reservation_observed(quota_key(change.new or {}))
+                old, new = change.old or {}, change.new or {}
+                controller.update_quota(old, new)
+                # A raise this process did not write is another replica's charge: held.
+                self.accessor.usage_raised(
+                    quota_key(new),
+                    str((new.get("metadata") or {}).get("resourceVersion") or ""),
+                    raised_usage(old, new),
+                )
+            count_quotas(change)
             self.dynamic.poke()
             if self.registrar is not None:
                 self.registrar.quotas_changed()
 
         self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
         for gr in (*TRACKED_CORE_KINDS, PODSETS):
-            self.informers[gr].add_handler(
-                _replenisher(controller, gr, self.registry.get(gr), self.creations_charged)
-            )
+            self.informers[gr].add_handler(self._replenisher(gr))
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
         self.pod_views.add_handler(self.podset_controller.on_pod)
+
+    def _replenisher(self, gr: GroupResource) -> Callable[[Change[Any]], None]:
+        return replenisher(
+            self.controller.replenish,
+            gr,
+            self.registry.get(gr),
+            self.informers[gr].store,
+            creations_charged=self.creations_charged,
+            charges=self.charges,
+        )
+
+    def _recalculate(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Quotas whose held charges were released (or whose late object arrived)."""
+        for key in keys:
+            self.controller.queue.add(key)
 
     # -- lifecycle
 
@@ -265,6 +291,7 @@ class Runtime:
             await self._stop_metrics()
             raise
         self.dynamic.start()
+        self.charges.start()
         self.admission.start()
         logger.info(
             "caches synced (%s); admission started",
@@ -453,6 +480,7 @@ class Runtime:
         if self.elector is not None:
             await self.elector.stop(release=True)
         await self.admission.stop()
+        self.charges.stop()
         await self.dynamic.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
@@ -507,27 +535,6 @@ class Runtime:
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
         await self.admission.evaluate(attributes)
-
-
-def _replenisher(
-    controller: ResourceQuotaController,
-    gr: GroupResource,
-    evaluator: Evaluator | None,
-    creations_charged: Callable[[GroupResource], bool],
-) -> Any:
-    def on_tracked(change: Change[Any]) -> None:
-        # Deletions and the updates the evaluator names as usage-lowering trigger a
-        # recalculation (upstream's replenishment). A creation admission charged concerns only
-        # quotas whose status it could not read yet; one it did not charge (tally's webhook
-        # rules not in force) concerns every quota, as upstream's plugin never lets that be.
-        if change.kind is ChangeKind.ADDED:
-            controller.replenish(gr, change.namespace, unsynced_only=creations_charged(gr))
-        elif change.kind is ChangeKind.DELETED or (
-            evaluator is not None and evaluator.requires_replenishment(change.old, change.new)
-        ):
-            controller.replenish(gr, change.namespace)
-
-    return on_tracked
 
 
 def _load_admission_config(path: str) -> Configuration | None:

@@ -56,6 +56,12 @@ class Settings(BaseModel):
     """``TALLY_NAMESPACES``: comma-separated namespaces tally manages (quotas, usage, admission,
     PodSets); empty means all. Run Kopf with the same ``--namespace`` flags so that it watches
     no more than that."""
+    charge_confirm_timeout: float = Field(default=5.0, gt=0, le=300)
+    """``TALLY_CHARGE_CONFIRM_TIMEOUT``: seconds a charge admission wrote into a quota waits for
+    its object to appear in tally's caches before it is released and the quota recalculated
+    (a request refused after tally allowed it, by another webhook or the API server). Must
+    exceed the time any successful create takes from tally's answer to its watch event,
+    including the other validating webhooks' latency (see ``tally.charges``)."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""

@@ -69,6 +69,7 @@ __all__ = [
     "Request",
     "check_batch",
     "check_request",
+    "check_request_charges",
     "exceeded_quota_message",
     "failed_quota_message",
     "has_usage_stats",
@@ -211,10 +212,21 @@ def check_request(
     Raises :class:`AdmissionDenied` when the request must be refused (403 for quota rules, 500
     when the request or a quota cannot be evaluated).
     """
+    return check_request_charges(quotas, attributes, evaluator, limited_resources)[0]
+
+
+def check_request_charges(
+    quotas: Sequence[Quota],
+    attributes: Attributes,
+    evaluator: Evaluator,
+    limited_resources: Sequence[LimitedResource] = (),
+) -> tuple[list[Quota], dict[int, ResourceList]]:
+    """:func:`check_request`, and what the request adds to each quota it changes (by index in
+    ``quotas``): the amounts the charge ledger holds until the object is seen."""
     if not evaluator.handles(
         attributes.operation, attributes.subresource, attributes.old_obj, attributes.obj
     ):
-        return list(quotas)
+        return list(quotas), {}
     try:
         return _check_request(quotas, attributes, evaluator, limited_resources)
     except AdmissionDenied:
@@ -230,7 +242,10 @@ def _check_request(
     attributes: Attributes,
     evaluator: Evaluator,
     limited: Sequence[LimitedResource],
-) -> list[Quota]:
+) -> tuple[list[Quota], dict[int, ResourceList]]:
+    """``check_request``'s steps 2-8: the new quotas, and what was added to each changed one
+    (by index), which the charge ledger keeps until the object is seen."""
+    unchanged: tuple[list[Quota], dict[int, ResourceList]] = (list(quotas), {})
     if attributes.obj is None:
         raise ValueError("the request carries no object")
     input_obj = _with_namespace(attributes.obj, attributes.namespace)
@@ -305,9 +320,9 @@ def _check_request(
     }
     if interesting:
         if not delta_by_index:
-            return list(quotas)
+            return unchanged
     elif not quota.remove_zeros(delta_without_quota):
-        return list(quotas)
+        return unchanged
 
     # Step 7: LimitedResources must be covered.
     uncovered = limited_names - restricted_resources
@@ -318,10 +333,11 @@ def _check_request(
         raise unknown_error(insufficient_scopes_message(uncovered_scopes))
 
     if not interesting:
-        return list(quotas)
+        return unchanged
 
     # Step 8: charge each interesting quota, comparing only the names this request grows.
     out = list(quotas)
+    charged: dict[int, ResourceList] = {}
     for index in interesting:
         charge = delta_by_index.get(index)
         if charge is None:
@@ -344,7 +360,8 @@ def _check_request(
                 )
             )
         out[index] = _with_used(resource_quota, new_used)
-    return out
+        charged[index] = requested
+    return out, charged
 
 
 # -- checkQuotas, phase 1 --
@@ -373,6 +390,8 @@ class BatchResult:
     """Indexes of :attr:`quotas` whose ``status.used`` differs from the input: to be written."""
     decisions: dict[int, AdmissionDenied | None] = field(default_factory=dict)
     pending: list[int] = field(default_factory=list)
+    charges: dict[int, dict[int, ResourceList]] = field(default_factory=dict)
+    """For each pending request, what it added to each quota (by index of :attr:`quotas`)."""
 
 
 def check_batch(
@@ -399,7 +418,7 @@ def check_batch(
     for index in indexes:
         request = requests[index]
         try:
-            new_quotas = check_request(
+            new_quotas, charged = check_request_charges(
                 running, request.attributes, request.evaluator, limited_resources
             )
         except AdmissionDenied as denied:
@@ -417,6 +436,7 @@ def check_batch(
             result.decisions[index] = None
             continue
         result.pending.append(index)
+        result.charges[index] = charged
         running = new_quotas
     result.quotas = running
     result.changed = [

@@ -53,12 +53,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from tally.admission.accessor import Conflict, QuotaAccessor, quota_name
-from tally.admission.attributes import Attributes, is_namespace_creation
+from tally.admission.attributes import Attributes, is_namespace_creation, resource_version
 from tally.admission.checks import Quota, Request, check_batch
 from tally.admission.config import Configuration, LimitedResource
 from tally.admission.errors import (
@@ -68,8 +68,10 @@ from tally.admission.errors import (
     internal_error,
     unknown_error,
 )
+from tally.charges import ChargeLedger, ObjectRef, QuotaKey
 from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
+from tally.resources import ResourceList
 from tally.workqueue import Queue, ShutDown
 
 __all__ = [
@@ -232,7 +234,10 @@ class QuotaEvaluator:
         timeout: float = EVALUATION_TIMEOUT_S,
         retries: int = CHECK_QUOTAS_RETRIES,
         metrics: AdmissionMetrics | None = None,
+        charges: ChargeLedger | None = None,
     ) -> None:
+        """``charges``: where the charges of allowed requests wait for their objects (see
+        :mod:`tally.charges`); None records nothing."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._accessor = accessor
@@ -242,6 +247,7 @@ class QuotaEvaluator:
         self._timeout = timeout
         self._retries = retries
         self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
+        self._charges = charges
 
         #: Namespaces with waiters to check. The queue never hands one namespace to two
         #: workers at once, and collapses repeated adds of a namespace into one pass.
@@ -483,6 +489,22 @@ class QuotaEvaluator:
            waiters only. Their other charges are already written, so checking them against the
            retried quotas alone is enough.
         """
+        written: dict[int, dict[QuotaKey, ResourceList]] = {}
+        try:
+            await self._check_quotas(namespace, quotas, waiters, remaining_retries, written)
+        finally:
+            self._hand_over_charges(waiters, written)
+
+    async def _check_quotas(
+        self,
+        namespace: str,
+        quotas: Sequence[Quota],
+        waiters: Sequence[_Waiter],
+        remaining_retries: int,
+        written: dict[int, dict[QuotaKey, ResourceList]],
+    ) -> None:
+        """:meth:`check_quotas`' phases; ``written`` collects, per waiter, the charges that
+        reached a quota's status (a waiter refused later may have some)."""
         requests = [waiter.request for waiter in waiters]
         limited: Sequence[LimitedResource] = self._config.limited_resources
         to_check: list[int] | None = None
@@ -499,6 +521,11 @@ class QuotaEvaluator:
                 return
             # Phase 3.
             failed, last_error = await self._write(batch.quotas, batch.changed)
+            for index in pending:
+                for quota_index, amount in batch.charges[index].items():
+                    name = quota_name(batch.quotas[quota_index])
+                    if name not in failed:
+                        written.setdefault(index, {})[(namespace, name)] = amount
             if last_error is None:
                 for index in pending:
                     waiters[index].resolve(None)
@@ -521,6 +548,35 @@ class QuotaEvaluator:
             to_check = [index for index in pending if not waiters[index].abandoned]
             limited = ()
             remaining_retries -= 1
+
+    def _hand_over_charges(
+        self, waiters: Sequence[_Waiter], written: Mapping[int, Mapping[QuotaKey, ResourceList]]
+    ) -> None:
+        """Charges now in quotas' status: the ledger waits for the objects of the allowed
+        requests, and releases at once those of requests refused after their charge was
+        written (or whose caller stopped waiting: the API server has refused them)."""
+        if self._charges is None:
+            return
+        for index, amounts in written.items():
+            waiter = waiters[index]
+            allowed = waiter.future.done() and waiter.future.result() is None
+            attributes = waiter.request.attributes
+            if not allowed or waiter.abandoned or attributes.obj is None:
+                self._charges.release_now(amounts)
+                continue
+            metadata = attributes.obj.get("metadata") or {}
+            self._charges.record(
+                ObjectRef(
+                    attributes.group_resource,
+                    attributes.namespace,
+                    attributes.name or str(metadata.get("name") or ""),
+                ),
+                uid=str(metadata.get("uid") or ""),
+                replaces=resource_version(attributes.old_obj)
+                if attributes.operation == Operation.UPDATE
+                else "",
+                amounts=amounts,
+            )
 
     @staticmethod
     def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:

@@ -29,11 +29,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 from tally import resources as quota
 from tally.cache import Store
+from tally.charges import ChargeLedger
 from tally.errors import Conflict
 from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
@@ -58,17 +59,6 @@ DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 someone else, or a usage change no event reported, stays wrong."""
 DEFAULT_WORKERS: Final = 5
 """Upstream ``--concurrent-resource-quota-syncs`` default, per queue."""
-
-RESERVATION_GRACE_S: Final = 1.0
-"""How long after an admission charge a recalculation may not lower that quota's usage.
-
-Admission reserves usage in the quota's status before the object exists; the object reaches
-this controller's cache a few milliseconds after it is stored. A recalculation in between
-(triggered by some deletion) would count without it and write the charge away, after which
-admission would admit past the limit. Upstream's controller has the same race; tally closes it
-by deferring such a lowering write until the object had time to arrive. 1 s is two orders of
-magnitude above the measured event delay (5-8 ms), and only delays replenishment in a quota
-that is being charged at that very moment."""
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
@@ -138,7 +128,7 @@ class ResourceQuotaController:
         resync_period: float = DEFAULT_RESYNC_PERIOD_S,
         metrics_provider: MetricsProvider | None = None,
         observer: SyncObserver | None = None,
-        last_reservation: Callable[[QuotaKey], float | None] | None = None,
+        charges: ChargeLedger | None = None,
         newest: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.registry = registry
@@ -156,9 +146,9 @@ class ResourceQuotaController:
         self.newest = newest
         """The newest copy of a quota this process knows (its own last write may be newer than
         the cache); syncs compare with and write over that copy."""
-        self.last_reservation = last_reservation
-        """Seconds since admission last charged a quota (None: never); see
-        ``RESERVATION_GRACE_S``."""
+        self.charges = charges
+        """Admission's charges whose objects the caches have not shown yet: a sync never
+        lowers usage below what they hold (see :func:`hold_pending`)."""
         self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
             default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
         )
@@ -338,16 +328,10 @@ class ResourceQuotaController:
             # will not help, and the rate limiter keeps it from spinning.
             raise InvalidQuota(f"{'/'.join(quota_key(quota_obj))}: {invalid}") from invalid
 
+        if self.charges is not None and status_used is not None:
+            used = hold_pending(used, status_used, self.charges.held(quota_key(quota_obj)))
         dirty = not _semantic_equal(hard, status_hard) or status_hard is None or status_used is None
         dirty = dirty or not quota.equals(used, status_used or {})
-        key = quota_key(quota_obj)
-        wait = self._reservation_grace_left(key, used, status_used or {})
-        if dirty and wait > 0:
-            # Admission charged this quota a moment ago for an object the caches may not have
-            # seen yet; lowering usage now would erase that charge and let admission admit
-            # past the limit. Look again once the object has had time to arrive.
-            self.queue.add_after(key, wait)
-            return
         if dirty:
             await self.writer.update_status(
                 quota_obj, {"hard": quota.to_strings(hard), "used": quota.to_strings(used)}
@@ -362,18 +346,6 @@ class ResourceQuotaController:
             self.observer.quota_synced(quota_key(quota_obj), hard, used)
         if errors:
             raise UsageError(used, errors)
-
-    def _reservation_grace_left(
-        self, key: QuotaKey, used: Mapping[str, Quantity], status_used: Mapping[str, Quantity]
-    ) -> float:
-        """Seconds to hold back a write that would lower a recently reserved value, else 0."""
-        if self.last_reservation is None:
-            return 0.0
-        since = self.last_reservation(key)
-        if since is None or since >= RESERVATION_GRACE_S:
-            return 0.0
-        lowers = any(name in used and used[name] < value for name, value in status_used.items())
-        return RESERVATION_GRACE_S - since if lowers else 0.0
 
     # -- running
 
@@ -410,23 +382,44 @@ def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
     logger.critical("task %s ended unexpectedly: %r", task.get_name(), error, exc_info=error)
 
 
-def usage_raised(old: Obj, new: Obj) -> bool:
-    """Whether a quota update raised some ``status.used`` value that both versions name.
+def hold_pending(
+    calculated: Mapping[str, Quantity],
+    status_used: Mapping[str, Quantity],
+    held: Mapping[str, Quantity],
+) -> dict[str, Quantity]:
+    """The usage a sync writes: ``calculated`` from the caches, except that a value below the
+    status is lowered no further than the caches plus the pending charges allow.
+
+    Admission writes a charge before its object exists; until the caches show the object (or
+    the charge is released), lowering the status to what the caches count would erase the
+    charge and let admission admit past the limit. Never above the status either: a pending
+    charge only keeps what admission wrote, so a charge whose object the caches already count
+    (confirmed a moment later) cannot raise usage twice.
+    """
+    result = dict(calculated)
+    for name, value in calculated.items():
+        previous, extra = status_used.get(name), held.get(name)
+        if previous is not None and extra is not None and value < previous:
+            result[name] = min(previous, value + extra)
+    return result
+
+
+def raised_usage(old: Obj, new: Obj) -> dict[str, Quantity]:
+    """What a quota update raised in ``status.used``, per name both versions carry.
 
     That is what a reservation by admission looks like on the quota's watch, whichever
-    replica's admission made it. The caller treats it like one of its own reservations
-    (``RESERVATION_GRACE_S``): with several replicas the leader's controller must not lower a
-    charge that another replica's admission made a moment ago for an object its caches have not
-    seen yet. A name new in ``used`` is the controller's first calculation, not a charge.
+    replica's admission made it; with several replicas the leader's controller must not lower a
+    charge another replica made a moment ago (it holds it: :meth:`ChargeLedger.hold
+    <tally.charges.ChargeLedger.hold>`). A name new in ``used`` is the controller's first
+    calculation, not a charge.
     """
     try:
         before = parse_resource_list((old.get("status") or {}).get("used"), "status.used")
         after = parse_resource_list((new.get("status") or {}).get("used"), "status.used")
     except ResourceListError:
-        return False
-    return any(name in before and value > before[name] for name, value in after.items())
-
-
-def tracked_names(registry: Registry, names: Iterable[str]) -> list[str]:
-    """The names some registered evaluator measures."""
-    return sorted({n for evaluator in registry.list() for n in evaluator.matching_resources(names)})
+        return {}
+    return {
+        name: value - before[name]
+        for name, value in after.items()
+        if name in before and value > before[name]
+    }

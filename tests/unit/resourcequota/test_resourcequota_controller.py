@@ -33,14 +33,15 @@ from typing import Any
 import pytest
 
 from tally.cache import Store
+from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, UsageError, new_registry
-from tally.quantity import parse_quantity
+from tally.quantity import Quantity, parse_quantity
 from tally.resourcequota.controller import (
     Conflict,
     QuotaKey,
     ResourceQuotaController,
-    usage_raised,
+    raised_usage,
 )
 
 pytestmark = pytest.mark.unit
@@ -925,22 +926,23 @@ async def test_replenish_reads_the_newest_copy_of_a_quota() -> None:
     assert 1 == len(controller.queue)
 
 
-# -- tally's reservation grace (not upstream: closes upstream's charge-erasing race)
+# -- tally's pending charges (not upstream: closes upstream's charge-erasing race)
 
 
 @pytest.mark.parametrize(
-    ("since_reservation", "status_configmaps", "written"),
+    ("held", "status_configmaps", "written_configmaps"),
     [
-        pytest.param(0.2, "3", False, id="lowering-right-after-a-reservation-waits"),
-        pytest.param(5.0, "3", True, id="lowering-long-after-a-reservation-writes"),
-        pytest.param(None, "3", True, id="never-reserved-writes"),
-        pytest.param(0.2, "1", True, id="raising-right-after-a-reservation-writes"),
+        # Status says 3 (the last one charged by admission a moment ago), the cache holds 2.
+        pytest.param("1", "3", None, id="a-pending-charge-keeps-what-admission-wrote"),
+        pytest.param(None, "3", "2", id="released-charge-lowers-to-the-caches"),
+        pytest.param("1", "4", "3", id="lowered-no-further-than-caches-plus-charges"),
+        pytest.param("2", "3", None, id="never-above-the-status"),
+        pytest.param("1", "1", "2", id="raising-writes"),
     ],
 )
-async def test_reservation_grace(
-    since_reservation: float | None, status_configmaps: str, written: bool
+async def test_pending_charges_hold_usage(
+    held: str | None, status_configmaps: str, written_configmaps: str | None
 ) -> None:
-    # Status says 3 (the last one charged by admission a moment ago), the cache holds 2.
     quota_obj = resource_quota(
         {"configmaps": "10"},
         status={"hard": {"configmaps": "10"}, "used": {"configmaps": status_configmaps}},
@@ -949,16 +951,43 @@ async def test_reservation_grace(
         [quota_obj],
         {GroupResource("", "configmaps"): [configmap("a", "testing"), configmap("b", "testing")]},
     )
-    controller.last_reservation = lambda key: since_reservation
-    delayed: list[tuple[Any, float]] = []
-    controller.queue.add_after = lambda item, delay: delayed.append((item, delay))  # type: ignore[method-assign]
+    now = [100.0]
+    ledger = ChargeLedger(5.0, clock=lambda: now[0])
+    controller.charges = ledger
+    if held is not None:
+        ledger.record(
+            ObjectRef(GroupResource("", "configmaps"), "testing", "c"),
+            uid="u-c",
+            replaces="",
+            amounts={("testing", "quota"): {"configmaps": Quantity.parse(held)}},
+        )
     await controller.sync_resource_quota(quota_obj)
-    assert written == bool(writer.writes)
-    if written:
-        assert [] == delayed
+    if written_configmaps is None:
+        assert [] == writer.writes
     else:
-        # Looked at again once the grace is over, not dropped.
-        assert [(("testing", "quota"), pytest.approx(0.8))] == delayed
+        assert [written_configmaps] == [w[1]["used"]["configmaps"] for w in writer.writes]
+
+
+async def test_a_charge_past_its_deadline_holds_nothing() -> None:
+    quota_obj = resource_quota(
+        {"configmaps": "10"}, status={"hard": {"configmaps": "10"}, "used": {"configmaps": "3"}}
+    )
+    controller, writer = new_controller(
+        [quota_obj],
+        {GroupResource("", "configmaps"): [configmap("a", "testing"), configmap("b", "testing")]},
+    )
+    now = [100.0]
+    ledger = ChargeLedger(5.0, clock=lambda: now[0])
+    controller.charges = ledger
+    ledger.record(
+        ObjectRef(GroupResource("", "configmaps"), "testing", "c"),
+        uid="u-c",
+        replaces="",
+        amounts={("testing", "quota"): {"configmaps": Quantity.parse("1")}},
+    )
+    now[0] = 105.0  # the timer has not released it yet; the sync must not count it any more
+    await controller.sync_resource_quota(quota_obj)
+    assert ["2"] == [w[1]["used"]["configmaps"] for w in writer.writes]
 
 
 def _with_used(used: Mapping[str, str] | None) -> Obj:
@@ -969,22 +998,25 @@ def _with_used(used: Mapping[str, str] | None) -> Obj:
 @pytest.mark.parametrize(
     ("old_used", "new_used", "raised"),
     [
-        pytest.param({"pods": "1"}, {"pods": "2"}, True, id="a-charge"),
-        pytest.param({"pods": "1", "cpu": "1"}, {"pods": "1", "cpu": "1500m"}, True, id="cpu"),
-        pytest.param({"pods": "2"}, {"pods": "1"}, False, id="replenished"),
-        pytest.param({"pods": "1"}, {"pods": "1"}, False, id="unchanged"),
-        pytest.param({"pods": "1"}, {"pods": "1000m"}, False, id="same-in-another-form"),
-        pytest.param(None, {"pods": "3"}, False, id="first-calculation"),
-        pytest.param({}, {"pods": "3"}, False, id="new-name"),
-        pytest.param({"pods": "1"}, {"pods": "not-a-quantity"}, False, id="unparseable"),
+        pytest.param({"pods": "1"}, {"pods": "2"}, {"pods": "1"}, id="a-charge"),
+        pytest.param(
+            {"pods": "1", "cpu": "1"}, {"pods": "1", "cpu": "1500m"}, {"cpu": "500m"}, id="cpu"
+        ),
+        pytest.param({"pods": "2"}, {"pods": "1"}, {}, id="replenished"),
+        pytest.param({"pods": "1"}, {"pods": "1"}, {}, id="unchanged"),
+        pytest.param({"pods": "1"}, {"pods": "1000m"}, {}, id="same-in-another-form"),
+        pytest.param(None, {"pods": "3"}, {}, id="first-calculation"),
+        pytest.param({}, {"pods": "3"}, {}, id="new-name"),
+        pytest.param({"pods": "1"}, {"pods": "not-a-quantity"}, {}, id="unparseable"),
     ],
 )
-def test_usage_raised(
-    old_used: Mapping[str, str] | None, new_used: Mapping[str, str], raised: bool
+def test_raised_usage(
+    old_used: Mapping[str, str] | None, new_used: Mapping[str, str], raised: Mapping[str, str]
 ) -> None:
     # tally, for several replicas: another replica's reservation, seen on the quota's watch,
-    # counts for the reservation grace like one of this process's own.
-    assert raised == usage_raised(_with_used(old_used), _with_used(new_used))
+    # is what the leader holds until its object can have arrived.
+    expected = {name: Quantity.parse(value) for name, value in raised.items()}
+    assert expected == raised_usage(_with_used(old_used), _with_used(new_used))
 
 
 async def test_a_kind_without_a_store_keeps_its_last_observation() -> None:

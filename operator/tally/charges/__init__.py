@@ -1,0 +1,40 @@
+"""Charges quota admission wrote into quotas' ``status.used`` that the caches have not confirmed.
+
+Upstream's ResourceQuota plugin runs last in the API server's admission chain, so a request it
+charges is stored unless etcd fails. tally's webhook is one validating webhook among several,
+called in parallel: after tally charged a request, another webhook (or the API server itself)
+may still refuse it, and the charge would stay in ``status.used`` until some recalculation. This
+package keeps, per charge, what was charged to which quota, until either
+
+* the object shows up in tally's caches (*confirmed*: from then on the caches count it), or
+* the confirmation timeout passes (*released*: the quotas it charged are recalculated from the
+  caches at once, and the charge no longer holds their usage up).
+
+Until then a pending charge *holds* its quotas' usage: a recalculation may not lower a value
+below what the caches count plus the pending charges (see
+:meth:`~tally.resourcequota.controller.ResourceQuotaController.sync_resource_quota`).
+
+Owns: :class:`ChargeLedger` and its expiry loop. Imports only the pure core (resource lists,
+group/resources); admission records charges, the informers' handlers confirm them and the
+quota controller reads what they hold, each through this package.
+"""
+
+from tally.charges.ledger import (
+    Charge,
+    ChargeLedger,
+    ChargeMetrics,
+    NoopChargeMetrics,
+    ObjectRef,
+    QuotaKey,
+    ReleaseReason,
+)
+
+__all__ = [
+    "Charge",
+    "ChargeLedger",
+    "ChargeMetrics",
+    "NoopChargeMetrics",
+    "ObjectRef",
+    "QuotaKey",
+    "ReleaseReason",
+]
