@@ -186,7 +186,12 @@ async def measure(
     return upstream, tally
 
 
+CONFIRMATION_BUCKET = "tally_admission_charge_confirmation_seconds_bucket"
+
+
 def tally_metrics(url: str) -> dict[str, float]:
+    """The sums and counters the report prints; the charge-confirmation histogram's buckets
+    as ``<name>:<le>``."""
     wanted = (
         "tally_admission_duration_seconds_sum",
         "tally_admission_duration_seconds_count",
@@ -194,14 +199,36 @@ def tally_metrics(url: str) -> dict[str, float]:
         "tally_admission_batch_size_count",
         "tally_admission_write_conflicts_total",
         "tally_admission_retries_total",
+        "tally_admission_charges_confirmed_total",
+        "tally_admission_charges_released_total",
+        "tally_admission_charges_late_total",
     )
     values: dict[str, float] = {}
     with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as response:
         for line in response.read().decode().splitlines():
             name = line.split("{")[0].split(" ")[0]
-            if name in wanted:
-                values[name] = values.get(name, 0.0) + float(line.split()[-1])
+            if name == CONFIRMATION_BUCKET:
+                name += ":" + line.split('le="')[1].split('"')[0]
+            elif name not in wanted:
+                continue
+            values[name] = values.get(name, 0.0) + float(line.split()[-1])
     return values
+
+
+def confirmation_quantile(metrics: dict[str, float], fraction: float) -> str:
+    """The histogram bucket that holds the ``fraction`` quantile of tally's admission answer →
+    object in its cache latency, as ``<= <le> s`` (what TALLY_CHARGE_CONFIRM_TIMEOUT is chosen
+    from)."""
+    buckets = sorted(
+        (float(key.split(":")[1]), count)
+        for key, count in metrics.items()
+        if key.startswith(CONFIRMATION_BUCKET + ":")
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    for bound, count in buckets:
+        if total and count >= fraction * total:
+            return f"<= {bound:g} s"
+    return "n/a"
 
 
 def report(
@@ -243,6 +270,13 @@ def report(
               f"batch {metrics['tally_admission_batch_size_sum'] / batches:.1f}, "
               f"{metrics.get('tally_admission_write_conflicts_total', 0):.0f} write conflicts, "
               f"{metrics.get('tally_admission_retries_total', 0):.0f} retries")  # fmt: skip
+    confirmed = metrics.get("tally_admission_charges_confirmed_total", 0.0)
+    print(f"tally's charges: {confirmed:.0f} confirmed by the watch (answer -> object in the "
+          f"cache: p50 {confirmation_quantile(metrics, 0.5)}, p99 "
+          f"{confirmation_quantile(metrics, 0.99)}, p99.9 "
+          f"{confirmation_quantile(metrics, 0.999)}), "
+          f"{metrics.get('tally_admission_charges_released_total', 0):.0f} released, "
+          f"{metrics.get('tally_admission_charges_late_total', 0):.0f} late")  # fmt: skip
     # On a shared 2-core machine a side is as fast as the CPU its processes need per create.
     for side in (upstream, tally):
         per_create = {

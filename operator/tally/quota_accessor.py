@@ -101,7 +101,9 @@ class KubeQuotaAccessor:
         return await self._put_status(quota)
 
     def _wrote(self, key: QuotaKey, stored: Obj | None) -> None:
-        left = self._writing.get(key, 1) - 1
+        if key not in self._writing:
+            return  # the quota was deleted (forget) while the PUT was in flight
+        left = self._writing[key] - 1
         if left:
             self._writing[key] = left
         else:
@@ -124,7 +126,9 @@ class KubeQuotaAccessor:
             version = int(resource_version)
         except ValueError:
             return
-        if amount and self._writing.get(key):
+        if self._writing.get(key):
+            # Every event waits, raise or not: they must be classified in order, or a later
+            # event's pruning would forget an earlier own write still waiting here.
             self._unsure.setdefault(key, []).append((version, amount))
             return
         self._classify(key, version, amount)

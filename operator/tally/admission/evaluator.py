@@ -20,6 +20,10 @@ event loop:
   ``status.used`` never admits more than ``status.hard``, however many webhook replicas or
   workers race.
 
+* Every charge written for a request is handed to the charge ledger (:mod:`tally.charges`) when
+  its pass ends: an allowed request's to wait for its object, a request refused after part of
+  its charge was written (or whose caller stopped waiting) to be released at once.
+
 Statuses, and where tally's answer differs in form from upstream's:
 
 * timeout: 500 ``Internal error occurred: resource quota evaluation timed out``; upstream's

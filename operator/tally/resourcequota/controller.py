@@ -17,7 +17,13 @@ full resync (every 5 minutes by default), as upstream does.
 
 Replenishment: deletions of tracked objects, and the updates an evaluator says can lower usage
 (``requires_replenishment``), enqueue every quota of the namespace whose ``status.hard`` names
-something that evaluator measures. Creations are not watched for this: admission charged them.
+something that evaluator measures; which change calls :meth:`replenish` how is decided in
+:mod:`tally.resourcequota.replenishment`.
+
+Charges admission wrote for objects the caches do not show yet (:mod:`tally.charges`) hold
+usage up: a sync lowers a value no further than the caches plus those pending charges. A
+charge whose object never comes is released after its timeout, and the ledger enqueues its
+quota then.
 
 Left out here: watching (the Kopf wiring feeds :meth:`add_quota`, :meth:`replenish` … from
 caches it owns) and the API client (a :class:`QuotaStatusWriter` is passed in).

@@ -36,8 +36,10 @@ from tally.admission import (
     LimitedResource,
     QuotaEvaluator,
 )
+from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
 from tally.evaluators.registry import new_registry
+from tally.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 
@@ -1031,3 +1033,120 @@ async def test_two_replicas_sharing_quotas_never_over_admit() -> None:
     assert {"requests.cpu": str(cpu)} == accessor.used("cpu")
     assert cpu <= 30
     assert {v.code for v in verdicts if v is not None} <= {403, 409}
+
+
+# -- tally: charges handed to the ledger (not upstream: its plugin runs last in the chain)
+
+
+class RecordingLedger(ChargeLedger):
+    """A real ledger (fake clock) that also lists what ``recalculate`` was asked."""
+
+    def __init__(self) -> None:
+        super().__init__(5.0, clock=lambda: 100.0)
+        self.recalculated: list[tuple[str, str]] = []
+        self.recalculate = self.recalculated.extend
+
+
+def uid_pod(name: str, uid: str, requests: dict[str, str] | None = None) -> Obj:
+    obj = pod(name, requests)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+async def test_an_allowed_create_waits_for_its_object(running: list[QuotaEvaluator]) -> None:
+    # What the ledger holds is exactly what was written: pods 1 and requests.cpu 500m to the
+    # quota that tracks both, pods 1 to the one that tracks pods only.
+    accessor = FakeAccessor(
+        [
+            resource_quota(
+                "both", {"pods": "5", "requests.cpu": "2"}, {"pods": "0", "requests.cpu": "0"}
+            ),
+            resource_quota("count", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, charges=ledger))
+    assert await validate(evaluator, create(uid_pod("p", "u-1", {"cpu": "500m"}))) is None
+    ref = ObjectRef(PODS, "test", "p")
+    assert ledger.expects(ref)
+    assert {"pods": parse_quantity("1"), "requests.cpu": parse_quantity("500m")} == ledger.held(
+        ("test", "both")
+    )
+    assert {"pods": parse_quantity("1")} == ledger.held(("test", "count"))
+    ledger.observed(ref, "u-other", "7")  # an older incarnation of the name confirms nothing
+    assert 1 == len(ledger)
+    ledger.observed(ref, "u-1", "7")
+    assert 0 == len(ledger)
+    assert [] == ledger.recalculated
+
+
+async def test_an_allowed_update_waits_for_a_newer_version(running: list[QuotaEvaluator]) -> None:
+    accessor = FakeAccessor(
+        [resource_quota("quota", {"services.loadbalancers": "2"}, {"services.loadbalancers": "0"})]
+    )
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, charges=ledger))
+    old = service("s", "ClusterIP", resource_version="41")
+    new = service("s", "LoadBalancer", resource_version="41")
+    old["metadata"]["uid"] = new["metadata"]["uid"] = "u-s"
+    assert await validate(evaluator, update(new, old, SERVICES)) is None
+    assert {"services.loadbalancers": parse_quantity("1")} == ledger.held(("test", "quota"))
+    ref = ObjectRef(SERVICES, "test", "s")
+    ledger.observed(ref, "u-s", "41")  # the object as it was: the update is not stored yet
+    assert 1 == len(ledger)
+    ledger.observed(ref, "u-s", "42")
+    assert 0 == len(ledger)
+
+
+async def test_refused_and_dry_run_requests_are_never_recorded(
+    running: list[QuotaEvaluator],
+) -> None:
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "1"}, {"pods": "1"})])
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, charges=ledger))
+    assert await validate(evaluator, create(uid_pod("full", "u-1"))) is not None
+    accessor.put(resource_quota("quota", {"pods": "1"}, {"pods": "0"}))
+    assert await validate(evaluator, create(uid_pod("dry", "u-2"), dry_run=True)) is None
+    assert (0, []) == (len(ledger), ledger.recalculated)
+
+
+async def test_a_request_refused_after_its_charge_was_written_is_released_at_once(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Two quotas: "a" is written, "b" loses every compare-and-swap. The request gets the 409,
+    # and the charge already in "a" must not stay: "a" is recalculated now.
+    accessor = FakeAccessor(
+        [
+            resource_quota("a", {"pods": "5"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    accessor.before_write = lambda stored: (
+        bump(stored) if stored["metadata"]["name"] == "b" else None
+    )
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, charges=ledger))
+    denied = await validate(evaluator, create(uid_pod("p", "u-1")))
+    assert denied is not None
+    assert 409 == denied.code
+    assert {"pods": "1"} == accessor.used("a")
+    assert 0 == len(ledger)
+    assert [("test", "a")] == ledger.recalculated
+
+
+async def test_a_charge_whose_caller_gave_up_is_released(running: list[QuotaEvaluator]) -> None:
+    # The caller timed out while the pass was in flight: the API server answered 500, the
+    # object will never exist, yet the pass writes the charge. It is released at once.
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "0"})])
+    accessor.gate = asyncio.Event()
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, timeout=0.05, charges=ledger))
+    denied = await validate(evaluator, create(uid_pod("p", "u-1")))
+    assert denied is not None
+    accessor.gate.set()
+    for _ in range(200):  # until the pass is over (bounded: 2 s)
+        if accessor.writes and not evaluator._in_progress:
+            break
+        await asyncio.sleep(0.01)
+    assert {"pods": "1"} == accessor.used("quota")
+    assert (0, [("test", "quota")]) == (len(ledger), ledger.recalculated)

@@ -1,0 +1,478 @@
+"""tally.charges.ChargeLedger: charges confirmed by their objects, released on time, held.
+
+Time comes from a fake clock (``now[0]``) and the tests drive :meth:`ChargeLedger.expire`
+themselves; only the last test runs the real ``call_later`` timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from tally.charges import ChargeLedger, ObjectRef, QuotaKey
+from tally.evaluators.base import GroupResource
+from tally.quantity import Quantity
+
+pytestmark = pytest.mark.unit
+
+PODS = GroupResource("", "pods")
+REF = ObjectRef(PODS, "a", "p")
+OTHER_REF = ObjectRef(PODS, "a", "q")
+QA: QuotaKey = ("a", "qa")
+QB: QuotaKey = ("a", "qb")
+TIMEOUT = 5.0
+
+
+def q(text: str) -> Quantity:
+    return Quantity.parse(text)
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.confirmed: list[float] = []
+        self.released: list[str] = []
+        self.late = 0
+
+    def charge_confirmed(self, seconds: float) -> None:
+        self.confirmed.append(seconds)
+
+    def charge_released(self, reason: str) -> None:
+        self.released.append(reason)
+
+    def charge_late(self) -> None:
+        self.late += 1
+
+
+class Harness:
+    """A ledger on a fake clock, recording its recalculations and metrics."""
+
+    def __init__(self) -> None:
+        self.now = [100.0]
+        self.metrics = RecordingMetrics()
+        self.ledger = ChargeLedger(TIMEOUT, clock=lambda: self.now[0], metrics=self.metrics)
+        self.recalculated: list[list[QuotaKey]] = []
+        self.ledger.recalculate = self._recalculate
+
+    def _recalculate(self, keys: Iterable[QuotaKey]) -> None:
+        self.recalculated.append(sorted(keys))
+
+    def advance(self, seconds: float) -> None:
+        self.now[0] += seconds
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+# -- confirmation
+
+
+def test_create_confirmed_by_same_uid_stops_holding_at_once(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    h.advance(1.5)
+
+    h.ledger.observed(REF, "u1", "7")
+
+    assert {} == h.ledger.held(QA)
+    assert 0 == len(h.ledger)
+    assert [1.5] == h.metrics.confirmed
+    assert not h.ledger.expects(REF)
+    h.advance(TIMEOUT * 3)
+    assert [] == h.ledger.expire()
+    assert [] == h.recalculated
+    assert [] == h.metrics.released
+
+
+def test_observation_with_another_uid_confirms_nothing(h: Harness) -> None:
+    h.ledger.record(REF, "u-new", "", {QA: {"cpu": q("1")}})
+
+    h.ledger.observed(REF, "u-old", "7")
+
+    assert 1 == len(h.ledger)
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert [] == h.metrics.confirmed
+    assert h.ledger.expects(REF)
+
+
+def test_charge_without_uid_is_confirmed_by_any_uid(h: Harness) -> None:
+    h.ledger.record(REF, "", "", {QA: {"cpu": q("1")}})
+
+    h.ledger.observed(REF, "whatever", "7")
+
+    assert 0 == len(h.ledger)
+    assert {} == h.ledger.held(QA)
+    assert [0.0] == h.metrics.confirmed
+
+
+def test_observation_of_another_object_confirms_nothing(h: Harness) -> None:
+    h.ledger.record(REF, "", "", {QA: {"cpu": q("1")}})
+
+    h.ledger.observed(OTHER_REF, "u1", "7")
+
+    assert 1 == len(h.ledger)
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+
+
+@pytest.mark.parametrize(
+    ("resource_version", "confirmed"),
+    [
+        ("41", False),  # still the object the update replaced
+        ("42", True),  # the update was stored
+    ],
+)
+def test_update_is_confirmed_only_past_the_replaced_version(
+    h: Harness, resource_version: str, confirmed: bool
+) -> None:
+    h.ledger.record(REF, "u1", "41", {QA: {"cpu": q("1")}})
+
+    h.ledger.observed(REF, "u1", resource_version)
+
+    assert (0 if confirmed else 1) == len(h.ledger)
+    assert ({} if confirmed else {"cpu": q("1")}) == h.ledger.held(QA)
+    assert confirmed != h.ledger.expects(REF)
+
+
+def test_update_observed_at_replaced_version_then_at_next(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "41", {QA: {"cpu": q("1")}})
+    h.ledger.observed(REF, "u1", "41")
+    assert 1 == len(h.ledger)
+    h.ledger.observed(REF, "u1", "42")
+    assert 0 == len(h.ledger)
+    assert 1 == len(h.metrics.confirmed)
+
+
+def test_update_with_another_uid_is_not_confirmed(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "41", {QA: {"cpu": q("1")}})
+    h.ledger.observed(REF, "u2", "42")
+    assert 1 == len(h.ledger)
+
+
+def test_expects_while_pending_and_not_after_confirmation(h: Harness) -> None:
+    assert not h.ledger.expects(REF)
+    h.ledger.record(REF, "u1", "", {QA: {"pods": q("1")}})
+    assert h.ledger.expects(REF)
+    assert not h.ledger.expects(OTHER_REF)
+    h.ledger.observed(REF, "u1", "3")
+    assert not h.ledger.expects(REF)
+
+
+def test_one_observation_confirms_every_matching_charge_of_the_object(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(1)
+    h.ledger.record(REF, "u1", "5", {QA: {"cpu": q("2")}})
+    h.advance(1)
+
+    h.ledger.observed(REF, "u1", "6")
+
+    assert 0 == len(h.ledger)
+    assert [2.0, 1.0] == h.metrics.confirmed
+
+
+# -- what is held
+
+
+def test_held_sums_pending_charges_per_quota(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1"), "pods": q("1")}, QB: {"pods": q("1")}})
+    h.ledger.record(OTHER_REF, "u2", "", {QA: {"cpu": q("500m"), "memory": q("1Gi")}})
+
+    assert {"cpu": q("1500m"), "pods": q("1"), "memory": q("1Gi")} == h.ledger.held(QA)
+    assert {"pods": q("1")} == h.ledger.held(QB)
+    assert {} == h.ledger.held(("a", "unknown"))
+    assert {} == h.ledger.held(("b", "qa"))
+
+
+def test_held_stops_counting_a_charge_at_its_deadline_before_expire(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})  # deadline 105
+    h.advance(2)
+    h.ledger.record(OTHER_REF, "u2", "", {QA: {"cpu": q("500m")}})  # deadline 107
+
+    h.advance(TIMEOUT - 2 - 0.001)  # 104.999
+    assert {"cpu": q("1500m")} == h.ledger.held(QA)
+    h.advance(0.001)  # 105: the first charge's deadline
+    assert {"cpu": q("500m")} == h.ledger.held(QA)
+    assert 2 == len(h.ledger)  # nothing released yet
+    assert [] == h.recalculated
+    h.advance(2)  # 107
+    assert {} == h.ledger.held(QA)
+
+
+# -- expiry
+
+
+def test_expire_releases_exactly_the_charges_past_their_deadline(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QB: {"cpu": q("1")}})  # deadline 105
+    h.advance(1)
+    h.ledger.record(OTHER_REF, "u2", "", {QA: {"cpu": q("2")}})  # deadline 106
+    h.advance(1)
+    third = ObjectRef(PODS, "a", "r")
+    h.ledger.record(third, "u3", "", {QA: {"cpu": q("4")}})  # deadline 107
+
+    assert [] == h.ledger.expire(104.9)
+    assert [] == h.recalculated
+    assert 3 == len(h.ledger)
+
+    assert [QA, QB] == h.ledger.expire(106.0)
+
+    assert [[QA, QB]] == h.recalculated
+    assert ["unconfirmed", "unconfirmed"] == h.metrics.released
+    assert 1 == len(h.ledger)
+    assert h.ledger.expects(third)
+    assert {"cpu": q("4")} == h.ledger.held(QA)
+    assert {} == h.ledger.held(QB)
+
+
+def test_expire_uses_the_clock_without_an_argument(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(TIMEOUT - 0.1)
+    assert [] == h.ledger.expire()
+    h.advance(0.1)
+    assert [QA] == h.ledger.expire()
+    assert [[QA]] == h.recalculated
+    assert 0 == len(h.ledger)
+
+
+def test_expire_with_nothing_due_does_not_recalculate(h: Harness) -> None:
+    assert [] == h.ledger.expire(1000.0)
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    assert [] == h.ledger.expire(100.0)
+    assert [] == h.recalculated
+    assert [] == h.metrics.released
+
+
+def test_released_charge_is_remembered_for_its_late_object(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}, QB: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    assert [QA, QB] == h.ledger.expire()
+    assert 0 == len(h.ledger)
+    assert h.ledger.expects(REF)  # remembered for a late object
+    h.recalculated.clear()
+
+    h.advance(1)
+    h.ledger.observed(REF, "u1", "9")
+
+    assert [[QA, QB]] == h.recalculated
+    assert 1 == h.metrics.late
+    assert [] == h.metrics.confirmed
+    assert not h.ledger.expects(REF)
+
+    h.ledger.observed(REF, "u1", "10")
+    assert [[QA, QB]] == h.recalculated
+    assert 1 == h.metrics.late
+
+
+def test_observation_with_another_uid_is_not_late(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    h.ledger.expire()
+    h.recalculated.clear()
+
+    h.ledger.observed(REF, "u-other", "9")
+
+    assert [] == h.recalculated
+    assert 0 == h.metrics.late
+    assert h.ledger.expects(REF)
+
+
+def test_memory_of_released_charges_ends_one_timeout_later(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    h.ledger.expire()  # released at 105, remembered until 110
+    h.recalculated.clear()
+
+    h.advance(TIMEOUT - 0.1)
+    assert [] == h.ledger.expire()
+    assert h.ledger.expects(REF)
+    h.advance(0.1)
+    assert [] == h.ledger.expire()
+    assert not h.ledger.expects(REF)
+
+    h.ledger.observed(REF, "u1", "9")
+    assert [] == h.recalculated
+    assert 0 == h.metrics.late
+
+
+def test_late_memory_of_one_object_keeps_its_other_charges(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(1)
+    h.ledger.record(REF, "u2", "", {QB: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    assert [QA, QB] == h.ledger.expire()
+    h.recalculated.clear()
+
+    h.ledger.observed(REF, "u2", "9")
+    assert [[QB]] == h.recalculated
+    assert h.ledger.expects(REF)  # u1's charge is still remembered
+
+    h.ledger.observed(REF, "u1", "10")
+    assert [[QB], [QA]] == h.recalculated
+    assert 2 == h.metrics.late
+    assert not h.ledger.expects(REF)
+
+
+# -- holds
+
+
+def test_hold_counts_until_expired_and_no_observation_confirms_it(h: Harness) -> None:
+    h.ledger.hold(QA, {"cpu": q("1")})
+    h.ledger.record(REF, "", "", {QB: {"cpu": q("1")}})
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert 2 == len(h.ledger)
+
+    h.ledger.observed(REF, "u1", "3")  # confirms the record, not the hold
+    assert 1 == len(h.ledger)
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+
+    h.advance(TIMEOUT)
+    assert [QA] == h.ledger.expire()
+    assert [[QA]] == h.recalculated
+    assert ["unconfirmed"] == h.metrics.released
+    assert 0 == len(h.ledger)
+    assert {} == h.ledger.held(QA)
+
+
+def test_hold_of_an_empty_amount_records_nothing(h: Harness) -> None:
+    h.ledger.hold(QA, {})
+    assert 0 == len(h.ledger)
+    assert {} == h.ledger.held(QA)
+    h.advance(TIMEOUT)
+    assert [] == h.ledger.expire()
+    assert [] == h.recalculated
+
+
+def test_hold_copies_its_amount(h: Harness) -> None:
+    amount = {"cpu": q("1")}
+    h.ledger.hold(QA, amount)
+    amount["memory"] = q("1Gi")
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+
+
+# -- refused requests
+
+
+def test_release_now_recalculates_and_records_nothing(h: Harness) -> None:
+    h.ledger.release_now({QA: {"cpu": q("1")}, QB: {"pods": q("1")}})
+
+    assert 0 == len(h.ledger)
+    assert {} == h.ledger.held(QA)
+    assert [[QA, QB]] == h.recalculated
+    assert ["refused"] == h.metrics.released
+    h.advance(TIMEOUT)
+    assert [] == h.ledger.expire()
+    assert [[QA, QB]] == h.recalculated
+
+
+def test_release_now_of_nothing_does_nothing(h: Harness) -> None:
+    h.ledger.release_now({})
+    assert [] == h.recalculated
+    assert [] == h.metrics.released
+
+
+# -- deleted quotas
+
+
+def test_forget_quota_keeps_the_other_quotas_amounts(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}, QB: {"cpu": q("2")}})
+
+    h.ledger.forget_quota(QA)
+
+    assert {} == h.ledger.held(QA)
+    assert {"cpu": q("2")} == h.ledger.held(QB)
+    assert 1 == len(h.ledger)
+    assert h.ledger.expects(REF)
+    h.advance(TIMEOUT)
+    assert [QB] == h.ledger.expire()
+    assert [[QB]] == h.recalculated
+
+
+def test_forget_quota_drops_a_charge_on_it_alone(h: Harness) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.ledger.record(OTHER_REF, "u2", "", {QB: {"cpu": q("2")}})
+
+    h.ledger.forget_quota(QA)
+
+    assert 1 == len(h.ledger)
+    assert not h.ledger.expects(REF)
+    assert h.ledger.expects(OTHER_REF)
+    assert {} == h.ledger.held(QA)
+    h.advance(TIMEOUT)
+    assert [QB] == h.ledger.expire()
+    assert [[QB]] == h.recalculated
+    assert ["unconfirmed"] == h.metrics.released
+
+
+def test_forget_quota_drops_a_hold_on_it(h: Harness) -> None:
+    h.ledger.hold(QA, {"cpu": q("1")})
+    h.ledger.forget_quota(QA)
+    assert 0 == len(h.ledger)
+    h.advance(TIMEOUT)
+    assert [] == h.ledger.expire()
+    assert [] == h.recalculated
+
+
+# -- age, construction
+
+
+def test_oldest_age(h: Harness) -> None:
+    assert h.ledger.oldest_age() is None
+    h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(2)
+    h.ledger.hold(QB, {"cpu": q("1")})
+    h.advance(1)
+    assert 3.0 == h.ledger.oldest_age()
+    h.ledger.observed(REF, "u1", "4")
+    assert 1.0 == h.ledger.oldest_age()
+    h.advance(TIMEOUT)
+    h.ledger.expire()
+    assert h.ledger.oldest_age() is None
+
+
+@pytest.mark.parametrize("timeout", [0, 0.0, -1.0])
+def test_timeout_must_be_positive(timeout: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ChargeLedger(timeout)
+
+
+# -- the timer
+
+
+async def test_timer_releases_on_time_until_stopped() -> None:
+    ledger = ChargeLedger(0.05)
+    recalculated: list[list[QuotaKey]] = []
+    ledger.recalculate = lambda keys: recalculated.append(sorted(keys))
+    ledger.start()
+    try:
+        ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+        await asyncio.sleep(0.2)
+        assert [[QA]] == recalculated
+        assert 0 == len(ledger)
+    finally:
+        ledger.stop()
+
+    ledger.record(OTHER_REF, "u2", "", {QB: {"cpu": q("1")}})
+    await asyncio.sleep(0.2)
+    assert [[QA]] == recalculated
+    assert 1 == len(ledger)
+
+
+async def test_timer_started_late_releases_earlier_charges_and_rearms() -> None:
+    ledger = ChargeLedger(0.05)
+    recalculated: list[list[QuotaKey]] = []
+    ledger.recalculate = lambda keys: recalculated.append(sorted(keys))
+    ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    await asyncio.sleep(0.1)
+    assert [] == recalculated  # no timer before start()
+
+    ledger.start()
+    try:
+        await asyncio.sleep(0.02)
+        assert [[QA]] == recalculated
+        ledger.record(OTHER_REF, "u2", "", {QB: {"cpu": q("1")}})
+        await asyncio.sleep(0.2)
+        assert [[QA], [QB]] == recalculated
+        assert 0 == len(ledger)
+    finally:
+        ledger.stop()

@@ -1,0 +1,308 @@
+"""tally.quota_accessor.KubeQuotaAccessor.usage_raised: this process's own status writes
+against other replicas' raises of ``status.used``, seen on the quota watch.
+
+The PUTs are ``tally.kube.put_json`` replaced by :class:`FakePut`: it answers with the body at a
+chosen resourceVersion, can wait on an event (the watch event arriving before the PUT returns)
+and can fail with 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from tally import kube
+from tally.cache import Store
+from tally.charges import ChargeLedger, QuotaKey
+from tally.errors import Conflict
+from tally.quantity import Quantity
+from tally.quota_accessor import KubeQuotaAccessor
+
+pytestmark = pytest.mark.unit
+
+KEY: QuotaKey = ("a", "q")
+OTHER_KEY: QuotaKey = ("a", "other")
+RAISE = {"cpu": Quantity.parse("1")}
+
+
+def quota(key: QuotaKey = KEY, rv: str = "1") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"namespace": key[0], "name": key[1], "resourceVersion": rv},
+        "status": {"hard": {"cpu": "10"}, "used": {"cpu": "1"}},
+    }
+
+
+class FakePut:
+    """``kube.put_json``: each call takes the next answer; an answer is the resourceVersion to
+    store at, or an ``ApiException`` to raise. Every call waits for ``gate`` first (open until
+    a test closes it)."""
+
+    def __init__(self) -> None:
+        self.answers: list[str | client.ApiException] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.calls: list[str] = []
+
+    async def __call__(self, api: object, path: str, body: Any) -> dict[str, Any]:
+        self.calls.append(path)
+        answer = self.answers.pop(0)
+        await self.gate.wait()
+        if isinstance(answer, client.ApiException):
+            raise answer
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": answer}}
+
+
+@pytest.fixture
+def put(monkeypatch: pytest.MonkeyPatch) -> FakePut:
+    fake = FakePut()
+    monkeypatch.setattr(kube, "put_json", fake)
+    return fake
+
+
+@pytest.fixture
+def ledger() -> ChargeLedger:
+    return ChargeLedger(60.0)
+
+
+@pytest.fixture
+def accessor(ledger: ChargeLedger) -> KubeQuotaAccessor:
+    return KubeQuotaAccessor(Store(lambda o: o), api=object(), charges=ledger)  # type: ignore[arg-type]
+
+
+async def write(accessor: KubeQuotaAccessor, put: FakePut, rv: str, key: QuotaKey = KEY) -> None:
+    put.answers.append(rv)
+    stored = await accessor.update_quota_status(quota(key))
+    assert rv == stored["metadata"]["resourceVersion"]
+
+
+def start_write(
+    accessor: KubeQuotaAccessor, put: FakePut, answer: str | client.ApiException
+) -> asyncio.Future[Any]:
+    """A PUT left in flight until ``put.gate`` is set."""
+    put.gate.clear()
+    put.answers.append(answer)
+    return asyncio.ensure_future(accessor.update_quota_status(quota()))
+
+
+async def in_flight() -> None:
+    """Let a started PUT reach its gate."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+# -- classification after the PUT returned
+
+
+async def test_event_for_own_write_holds_nothing(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "42")
+    assert ["/api/v1/namespaces/a/resourcequotas/q/status"] == put.calls
+
+    accessor.usage_raised(KEY, "42", dict(RAISE))
+
+    assert {} == ledger.held(KEY)
+    assert 0 == len(ledger)
+
+
+async def test_raise_nobody_here_wrote_is_held(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "42")
+
+    accessor.usage_raised(KEY, "43", dict(RAISE))
+
+    assert RAISE == ledger.held(KEY)
+    assert 1 == len(ledger)
+
+
+def test_raise_without_any_write_is_held(accessor: KubeQuotaAccessor, ledger: ChargeLedger) -> None:
+    accessor.usage_raised(KEY, "7", dict(RAISE))
+    assert RAISE == ledger.held(KEY)
+
+
+async def test_own_write_of_another_quota_does_not_cover_this_one(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "42", key=OTHER_KEY)
+
+    accessor.usage_raised(KEY, "42", dict(RAISE))
+
+    assert RAISE == ledger.held(KEY)
+    assert {} == ledger.held(OTHER_KEY)
+
+
+async def test_event_with_empty_amount_never_holds(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    accessor.usage_raised(KEY, "5", {})
+    await write(accessor, put, "6")
+    accessor.usage_raised(KEY, "7", {})
+    pending = start_write(accessor, put, "9")
+    await in_flight()
+    accessor.usage_raised(KEY, "8", {})
+    put.gate.set()
+    await pending
+
+    assert 0 == len(ledger)
+    assert {} == ledger.held(KEY)
+
+
+def test_unparsable_resource_version_is_ignored(
+    accessor: KubeQuotaAccessor, ledger: ChargeLedger
+) -> None:
+    accessor.usage_raised(KEY, "", dict(RAISE))
+    accessor.usage_raised(KEY, "not-a-number", dict(RAISE))
+    assert 0 == len(ledger)
+
+
+# -- events that arrive while a PUT is in flight
+
+
+async def test_event_before_own_put_returns_holds_nothing(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    pending = start_write(accessor, put, "42")
+    await in_flight()
+
+    accessor.usage_raised(KEY, "42", dict(RAISE))
+    assert 0 == len(ledger)  # undecided while the PUT is in flight
+
+    put.gate.set()
+    await pending
+    assert {} == ledger.held(KEY)
+    assert 0 == len(ledger)
+
+
+async def test_other_raise_during_own_put_is_held_once_it_returns(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    pending = start_write(accessor, put, "42")
+    await in_flight()
+
+    accessor.usage_raised(KEY, "41", dict(RAISE))
+    assert 0 == len(ledger)
+
+    put.gate.set()
+    await pending
+    assert RAISE == ledger.held(KEY)
+    assert 1 == len(ledger)
+
+
+async def test_raise_during_failed_put_is_held(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    pending = start_write(accessor, put, client.ApiException(status=409, reason="Conflict"))
+    await in_flight()
+
+    accessor.usage_raised(KEY, "42", dict(RAISE))
+    assert 0 == len(ledger)
+
+    put.gate.set()
+    with pytest.raises(Conflict):
+        await pending
+    assert RAISE == ledger.held(KEY)
+
+
+async def test_raises_wait_for_every_put_in_flight(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    put.gate.clear()
+    put.answers += ["42", "43"]
+    first = asyncio.ensure_future(accessor.update_quota_status(quota()))
+    second = asyncio.ensure_future(accessor.update_quota_status(quota()))
+    await in_flight()
+
+    accessor.usage_raised(KEY, "42", dict(RAISE))
+    accessor.usage_raised(KEY, "43", dict(RAISE))
+    accessor.usage_raised(KEY, "44", dict(RAISE))  # nobody's here
+
+    put.gate.set()
+    await asyncio.gather(first, second)
+    assert RAISE == ledger.held(KEY)
+    assert 1 == len(ledger)
+
+
+# -- the maps shrink
+
+
+async def test_forget_leaves_nothing_behind(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "42")
+    pending = start_write(accessor, put, "44")
+    await in_flight()
+    accessor.usage_raised(KEY, "43", dict(RAISE))
+    assert KEY in accessor._writing
+    assert KEY in accessor._written
+    assert KEY in accessor._unsure
+
+    accessor.forget(KEY)
+
+    assert KEY not in accessor._writing
+    assert KEY not in accessor._written
+    assert KEY not in accessor._unsure
+    put.gate.set()
+    await pending
+
+
+async def test_events_prune_own_write_versions_up_to_theirs(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    for rv in ("40", "42", "45"):
+        await write(accessor, put, rv)
+    assert {40, 42, 45} == accessor._written[KEY]
+
+    accessor.usage_raised(KEY, "42", {})
+    assert {45} == accessor._written[KEY]
+
+    accessor.usage_raised(KEY, "45", dict(RAISE))
+    assert KEY not in accessor._written
+    assert 0 == len(ledger)  # 45 was ours
+    assert {} == accessor._writing
+    assert {} == accessor._unsure
+
+
+async def test_pruned_own_version_no_longer_covers_a_raise(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "40")
+    accessor.usage_raised(KEY, "41", {})  # 40's event was lost: it is forgotten
+
+    accessor.usage_raised(KEY, "40", dict(RAISE))
+
+    assert RAISE == ledger.held(KEY)
+
+
+async def test_own_raise_waiting_behind_a_put_survives_a_later_event(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    await write(accessor, put, "5")  # own write at 5; its event has not arrived yet
+    pending = start_write(accessor, put, client.ApiException(status=409, reason="Conflict"))
+    await in_flight()
+    accessor.usage_raised(KEY, "5", dict(RAISE))  # own write: waits behind the PUT in flight
+    accessor.usage_raised(KEY, "6", {})  # another writer lowered usage: classified now
+
+    put.gate.set()
+    with pytest.raises(Conflict):
+        await pending
+
+    assert {} == ledger.held(KEY)
+
+
+async def test_forget_during_a_put_leaves_nothing_behind(
+    accessor: KubeQuotaAccessor, put: FakePut
+) -> None:
+    pending = start_write(accessor, put, "44")
+    await in_flight()
+
+    accessor.forget(KEY)  # the quota's deletion is seen before the PUT's answer
+    put.gate.set()
+    await pending
+
+    assert KEY not in accessor._written
