@@ -476,3 +476,30 @@ async def test_timer_started_late_releases_earlier_charges_and_rearms() -> None:
         assert 0 == len(ledger)
     finally:
         ledger.stop()
+
+
+def test_amend_sets_and_drops_what_a_charge_holds() -> None:
+    now = [100.0]
+    ledger = ChargeLedger(5.0, clock=lambda: now[0])
+    ref = ObjectRef(GroupResource("", "pods"), "a", "p")
+    charge = ledger.record(ref, "u", "", {("a", "q1"): {"pods": Quantity.parse("1")}})
+    ledger.amend(charge, ("a", "q2"), {"pods": Quantity.parse("1")})
+    assert {"pods": Quantity.parse("1")} == ledger.held(("a", "q2"))
+    ledger.amend(charge, ("a", "q1"), None)  # its write failed
+    assert {} == ledger.held(("a", "q1"))
+    assert {"pods": Quantity.parse("1")} == ledger.held(("a", "q2"))
+    assert ["a-q2"] == ["-".join(key) for key in ledger.expire(now[0] + 5.0)]
+
+
+def test_withdraw_forgets_a_charge_without_a_release() -> None:
+    now = [100.0]
+    metrics: list[str] = []
+    ledger = ChargeLedger(5.0, clock=lambda: now[0])
+    ledger.metrics.charge_released = metrics.append  # type: ignore[method-assign]
+    ref = ObjectRef(GroupResource("", "pods"), "a", "p")
+    charge = ledger.record(ref, "u", "", {("a", "q"): {"pods": Quantity.parse("1")}})
+    ledger.withdraw(charge)
+    assert (0, False, {}) == (len(ledger), ledger.expects(ref), ledger.held(("a", "q")))
+    ledger.withdraw(charge)  # twice is harmless
+    assert [] == ledger.expire(now[0] + 5.0)
+    assert [] == metrics

@@ -20,9 +20,10 @@ event loop:
   ``status.used`` never admits more than ``status.hard``, however many webhook replicas or
   workers race.
 
-* Every charge written for a request is handed to the charge ledger (:mod:`tally.charges`) when
-  its pass ends: an allowed request's to wait for its object, a request refused after part of
-  its charge was written (or whose caller stopped waiting) to be released at once.
+* Every charge is put into the charge ledger (:mod:`tally.charges`) before it is written, so
+  that no recalculation erases it; when the pass ends, an allowed request's charge waits there
+  for its object, and a request refused after part of its charge was written (or whose caller
+  stopped waiting) gives that part back at once.
 
 Statuses, and where tally's answer differs in form from upstream's:
 
@@ -63,7 +64,7 @@ from typing import Final, Protocol
 
 from tally.admission.accessor import Conflict, QuotaAccessor, quota_name
 from tally.admission.attributes import Attributes, is_namespace_creation, resource_version
-from tally.admission.checks import Quota, Request, check_batch
+from tally.admission.checks import BatchResult, Quota, Request, check_batch
 from tally.admission.config import Configuration, LimitedResource
 from tally.admission.errors import (
     CONFLICT,
@@ -72,10 +73,9 @@ from tally.admission.errors import (
     internal_error,
     unknown_error,
 )
-from tally.charges import ChargeLedger, ObjectRef, QuotaKey
+from tally.charges import Charge, ChargeLedger, ObjectRef
 from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
-from tally.resources import ResourceList
 from tally.workqueue import Queue, ShutDown
 
 __all__ = [
@@ -493,11 +493,11 @@ class QuotaEvaluator:
            waiters only. Their other charges are already written, so checking them against the
            retried quotas alone is enough.
         """
-        written: dict[int, dict[QuotaKey, ResourceList]] = {}
+        charges: dict[int, Charge] = {}
         try:
-            await self._check_quotas(namespace, quotas, waiters, remaining_retries, written)
+            await self._check_quotas(namespace, quotas, waiters, remaining_retries, charges)
         finally:
-            self._hand_over_charges(waiters, written)
+            self._settle_charges(waiters, charges)
 
     async def _check_quotas(
         self,
@@ -505,10 +505,11 @@ class QuotaEvaluator:
         quotas: Sequence[Quota],
         waiters: Sequence[_Waiter],
         remaining_retries: int,
-        written: dict[int, dict[QuotaKey, ResourceList]],
+        charges: dict[int, Charge],
     ) -> None:
-        """:meth:`check_quotas`' phases; ``written`` collects, per waiter, the charges that
-        reached a quota's status (a waiter refused later may have some)."""
+        """:meth:`check_quotas`' phases; ``charges`` collects, per waiter, its charge in the
+        ledger: what it is reserving or has reserved in each quota's status (a waiter refused
+        later may have some)."""
         requests = [waiter.request for waiter in waiters]
         limited: Sequence[LimitedResource] = self._config.limited_resources
         to_check: list[int] | None = None
@@ -523,13 +524,16 @@ class QuotaEvaluator:
                 for index in pending:  # empty: a pending waiter changed some quota
                     waiters[index].resolve(None)
                 return
-            # Phase 3.
+            # Phase 3. The ledger holds the charges from before the writes: a recalculation
+            # running while they are in flight, or before this pass ends, must not erase them.
+            self._hold_charges(namespace, batch, waiters, charges)
             failed, last_error = await self._write(batch.quotas, batch.changed)
-            for index in pending:
-                for quota_index, amount in batch.charges[index].items():
-                    name = quota_name(batch.quotas[quota_index])
-                    if name not in failed:
-                        written.setdefault(index, {})[(namespace, name)] = amount
+            if self._charges is not None:
+                for index in pending:
+                    for quota_index in batch.charges[index]:
+                        name = quota_name(batch.quotas[quota_index])
+                        if name in failed:
+                            self._charges.amend(charges[index], (namespace, name), None)
             if last_error is None:
                 for index in pending:
                     waiters[index].resolve(None)
@@ -553,34 +557,41 @@ class QuotaEvaluator:
             limited = ()
             remaining_retries -= 1
 
-    def _hand_over_charges(
-        self, waiters: Sequence[_Waiter], written: Mapping[int, Mapping[QuotaKey, ResourceList]]
+    def _hold_charges(
+        self,
+        namespace: str,
+        batch: BatchResult,
+        waiters: Sequence[_Waiter],
+        charges: dict[int, Charge],
     ) -> None:
-        """Charges now in quotas' status: the ledger waits for the objects of the allowed
-        requests, and releases at once those of requests refused after their charge was
-        written (or whose caller stopped waiting: the API server has refused them)."""
+        """Put what this pass is about to write for each pending waiter into the ledger."""
         if self._charges is None:
             return
-        for index, amounts in written.items():
+        for index in batch.pending:
+            amounts = {
+                (namespace, quota_name(batch.quotas[quota_index])): amount
+                for quota_index, amount in batch.charges[index].items()
+            }
+            charge = charges.get(index)
+            if charge is None:
+                charges[index] = self._charges.record(*_charged_object(waiters[index]), amounts)
+            else:
+                for key, amount in amounts.items():
+                    self._charges.amend(charge, key, amount)
+
+    def _settle_charges(self, waiters: Sequence[_Waiter], charges: Mapping[int, Charge]) -> None:
+        """At the end of a pass: an allowed request's charge waits for its object; a request
+        refused after part of its charge was written (or whose caller stopped waiting: the API
+        server has refused it) gives back what was written, at once."""
+        if self._charges is None:
+            return
+        for index, charge in charges.items():
             waiter = waiters[index]
             allowed = waiter.future.done() and waiter.future.result() is None
-            attributes = waiter.request.attributes
-            if not allowed or waiter.abandoned or attributes.obj is None:
-                self._charges.release_now(amounts)
+            if allowed and not waiter.abandoned:
                 continue
-            metadata = attributes.obj.get("metadata") or {}
-            self._charges.record(
-                ObjectRef(
-                    attributes.group_resource,
-                    attributes.namespace,
-                    attributes.name or str(metadata.get("name") or ""),
-                ),
-                uid=str(metadata.get("uid") or ""),
-                replaces=resource_version(attributes.old_obj)
-                if attributes.operation == Operation.UPDATE
-                else "",
-                amounts=amounts,
-            )
+            self._charges.withdraw(charge)
+            self._charges.release_now(charge.amounts)
 
     @staticmethod
     def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:
@@ -613,3 +624,19 @@ class QuotaEvaluator:
                 raise outcome  # CancelledError and friends
             failed.add(name)
         return failed, last_error
+
+
+def _charged_object(waiter: _Waiter) -> tuple[ObjectRef, str, str]:
+    """The object a waiter's charge waits for: its reference, uid, and (for an UPDATE) the
+    resourceVersion the update replaces."""
+    attributes = waiter.request.attributes
+    metadata = (attributes.obj or {}).get("metadata") or {}
+    ref = ObjectRef(
+        attributes.group_resource,
+        attributes.namespace,
+        attributes.name or str(metadata.get("name") or ""),
+    )
+    replaces = (
+        resource_version(attributes.old_obj) if attributes.operation == Operation.UPDATE else ""
+    )
+    return ref, str(metadata.get("uid") or ""), replaces

@@ -195,9 +195,43 @@ class ChargeLedger:
 
     def record(
         self, ref: ObjectRef, uid: str, replaces: str, amounts: Mapping[QuotaKey, ResourceList]
-    ) -> None:
-        """Admission allowed a request whose charges are written: wait for its object."""
-        self._add(Charge(ref, uid, replaces, dict(amounts), *self._times()))
+    ) -> Charge:
+        """Admission is writing a request's charges: hold them and wait for its object.
+
+        Recorded *before* the status writes, so that no recalculation running meanwhile (or
+        between a write and the pass's end) can erase them; :meth:`amend` drops what a write
+        failed to reserve, :meth:`withdraw` the whole charge when the request is refused.
+        """
+        charge = Charge(ref, uid, replaces, dict(amounts), *self._times())
+        self._add(charge)
+        return charge
+
+    def amend(self, charge: Charge, key: QuotaKey, amount: ResourceList | None) -> None:
+        """Set (or, with None, drop) what ``charge`` holds on ``key``."""
+        seq = self._seq_of(charge)
+        if seq is None:
+            return  # confirmed or released meanwhile
+        if amount is None:
+            charge.amounts.pop(key, None)
+            _discard(self._by_quota, key, seq)
+        else:
+            charge.amounts[key] = amount
+            self._by_quota.setdefault(key, {})[seq] = charge
+
+    def withdraw(self, charge: Charge) -> None:
+        """The request was refused: ``charge`` holds nothing any more (no metric: the caller
+        releases what was written with :meth:`release_now`)."""
+        seq = self._seq_of(charge)
+        if seq is not None:
+            self._remove(seq, charge)
+
+    def _seq_of(self, charge: Charge) -> int | None:
+        if charge.ref is None:
+            return None
+        for seq, pending in self._by_object.get(charge.ref, {}).items():
+            if pending is charge:
+                return seq
+        return None
 
     def hold(self, key: QuotaKey, amount: ResourceList) -> None:
         """A raise of ``key``'s usage this process did not make: hold it for the timeout."""

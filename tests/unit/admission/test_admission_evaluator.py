@@ -1150,3 +1150,17 @@ async def test_a_charge_whose_caller_gave_up_is_released(running: list[QuotaEval
         await asyncio.sleep(0.01)
     assert {"pods": "1"} == accessor.used("quota")
     assert (0, [("test", "quota")]) == (len(ledger), ledger.recalculated)
+
+
+async def test_a_charge_is_held_while_its_write_is_in_flight(
+    running: list[QuotaEvaluator],
+) -> None:
+    # A recalculation that runs while the status write is on its way (or right after it, before
+    # the pass ends) must already see the charge held, or it would write it away.
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "0"})])
+    ledger = RecordingLedger()
+    held_during_write: list[dict[str, Any]] = []
+    accessor.before_write = lambda stored: held_during_write.append(ledger.held(("test", "quota")))
+    running.append(evaluator := handler(accessor, charges=ledger))
+    assert await validate(evaluator, create(uid_pod("p", "u-1"))) is None
+    assert [{"pods": parse_quantity("1")}] == held_during_write
