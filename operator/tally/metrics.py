@@ -95,7 +95,7 @@ class Metrics:
         )
         self.charge_confirmation = Histogram(
             "tally_admission_charge_confirmation_seconds",
-            "Time from admission allowing a charged request to its object in tally's caches "
+            "Time from admission recording a charge to its object in tally's caches "
             "(what TALLY_CHARGE_CONFIRM_TIMEOUT must exceed).",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,

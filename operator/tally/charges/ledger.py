@@ -56,9 +56,9 @@ QuotaKey = tuple[str, str]
 DEFAULT_TIMEOUT_S: Final = 5.0
 """How long a charge may wait for its object (``TALLY_CHARGE_CONFIRM_TIMEOUT``).
 
-Measured on this project's 2-core machine under ``bench/admission.py`` load (20 clients, ~370
-creates/s, tally's own histogram ``tally_admission_charge_confirmation_seconds``): tally's
-answer → the object in tally's cache, p99.9 within 0.1-0.25 s. The API server calls the other
+Measured on this project's 2-core machine under ``bench/admission.py`` load (20 clients, ~150
+creates/s, tally's own histogram ``tally_admission_charge_confirmation_seconds``): the charge
+recorded → the object in tally's cache, p99.9 within 0.25 s. The API server calls the other
 validating webhooks in parallel with tally's and stores the object only once the slowest of them
 answered, so the timeout must also cover their latency: 5 s leaves 20x the measured p99.9 for
 webhooks that take seconds, while a refused request holds its quotas for 5 s instead of until
