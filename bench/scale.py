@@ -62,7 +62,7 @@ from _common import (
     memory_of,
     mib,
 )
-from tally.quantity import Quantity, parse_quantity
+from tally.quota.quantity import Quantity, parse_quantity
 
 TARGET_CONVERGENCE_S = 30.0
 TIMEOUT_S = 300.0

@@ -1,9 +1,16 @@
 """tally: Kubernetes' ResourceQuota system and a ReplicaSet-like PodSet, as a Kopf operator.
 
-Layers, imports only going downward:
+Packages by layer, imports only going downward (``import-linter`` contracts in
+``pyproject.toml``, checked by ``make lint``; ``docs/architecture.md`` draws them):
 
-* pure core: quantities, resource lists, evaluators, work queue, expectations, caches. It
-  imports none of ``kopf``, ``kubernetes_asyncio`` or ``pydantic`` and runs without a cluster;
-* controllers and admission logic, driven from caches and a client passed in;
-* thin Kopf wiring (``tally.handlers``, ``operator/main.py``).
+* :mod:`tally.app`: the Kopf wiring and the composition root, the only importer of ``kopf``;
+* :mod:`tally.webhook`: serving admission and keeping the webhook configuration current;
+* :mod:`tally.admission`, :mod:`tally.resourcequota`, :mod:`tally.podset`,
+  :mod:`tally.builtin_quota`: the controllers and admission, independent of each other;
+* :mod:`tally.kube`: the API adapters;
+* the pure core, with no API client, HTTP library or pydantic: :mod:`tally.charges`,
+  :mod:`tally.evaluators`, and at the bottom :mod:`tally.machinery`, :mod:`tally.quota`,
+  :mod:`tally.workqueue`.
+
+This file defines nothing.
 """

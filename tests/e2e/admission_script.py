@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally.quantity import parse_quantity
+from tally.quota.quantity import parse_quantity
 
 WEBHOOK_PREFIX: Final = 'admission webhook "quota.tally.dev" denied the request: '
 # `pods "x" is forbidden: …`, `persistentvolumeclaims "x" is forbidden: …`, and for a create

@@ -22,7 +22,7 @@ from typing import Any, Final
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from tally import certs
+from tally.webhook import certs
 
 REFUSAL: Final = "refused by the e2e policy"
 

@@ -12,7 +12,7 @@ its liveness endpoint answers and that its webhook still judges a well-formed re
 * a quota whose status holds a value tally cannot use. The API server refuses a status that
   does not parse as a quantity at all (checked here), so the reachable cases are (1) a value the
   API server accepts but tally refuses to compute with (magnitudes of 10**64 and more, see
-  ``tally.quantity``), written through the status subresource, and (2) an AdmissionReview,
+  ``tally.quota.quantity``), written through the status subresource, and (2) an AdmissionReview,
   sent straight to the webhook, whose object carries an unparseable quantity while the cache
   holds a valid quota.
 """
@@ -39,7 +39,7 @@ QUOTA_WEBHOOK = "quota.tally.dev"
 DENIED = f'admission webhook "{QUOTA_WEBHOOK}" denied the request: '
 IMAGE = "registry.example/app:1"
 TOO_LARGE_FOR_TALLY = "1e64"
-"""The smallest magnitude ``tally.quantity`` refuses (``MAX_DECIMAL_EXPONENT``); upstream's
+"""The smallest magnitude ``tally.quota.quantity`` refuses (``MAX_DECIMAL_EXPONENT``); upstream's
 ``resource.ParseQuantity`` accepts it, and so does the API server's validation."""
 
 

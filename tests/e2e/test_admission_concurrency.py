@@ -42,7 +42,7 @@ from admission_script import (
 )
 from kubernetes_asyncio import client
 
-from tally.quantity import parse_quantity
+from tally.quota.quantity import parse_quantity
 from tally_e2e import RunningOperator, eventually, wait_for_default_service_account
 
 CONCURRENCY: Final = 50

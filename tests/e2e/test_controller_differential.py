@@ -7,7 +7,7 @@ and upstream quota admission) and on the operator-mode control plane with tally 
 system (tally's controller and tally's webhook). When both sides have stopped changing, every
 quota's ``status`` must be the same on both: the same quotas, the same ``status.hard`` and
 ``status.used`` key sets, and numerically equal values (both parsed with
-:func:`~tally.quantity.parse_quantity`; upstream's string formats of a sum vary with Go map
+:func:`~tally.quota.quantity.parse_quantity`; upstream's string formats of a sum vary with Go map
 order). A few anchors per scenario (explicit expected values) check that the script did what it
 says on both sides, so two equally wrong answers cannot pass.
 
@@ -34,7 +34,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from tally.quantity import parse_quantity
+from tally.quota.quantity import parse_quantity
 from tally_e2e import RunningOperator, eventually, set_pod_status
 
 IMAGE = "registry.example/app:1"

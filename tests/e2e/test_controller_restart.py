@@ -14,9 +14,9 @@ because they stop it or cut it off mid-test.
   proxy cut, objects are deleted; then (one variant) kube-apiserver is restarted, so that the
   watch cache that could replay the missed events is gone: tally's watches resume with a
   resourceVersion the new server no longer serves (410), Kopf re-lists, and only tally's own
-  reconciling re-list (``tally.informers``) can drop the deleted objects. The other variant cuts
-  the connections only (the server replays the missed DELETED events). Either way the deleted
-  objects must stop counting within ``WATCH_LOSS_BOUND_S`` of the proxy resuming.
+  reconciling re-list (``tally.machinery.informers``) can drop the deleted objects. The other
+  variant cuts the connections only (the server replays the missed DELETED events). Either way the
+  deleted objects must stop counting within ``WATCH_LOSS_BOUND_S`` of the proxy resuming.
 
 The full resync stays at its default (``TALLY_RESYNC_PERIOD`` unset: 300 s), far beyond every
 bound here, so no convergence in these tests comes from the periodic resync.
@@ -44,7 +44,7 @@ from kubernetes_asyncio import client, config
 from operator_process import TallyProcess
 
 import cluster
-from tally.quantity import parse_quantity
+from tally.quota.quantity import parse_quantity
 from tally_e2e import eventually, set_pod_status, wait_for_default_service_account
 
 T = TypeVar("T")

@@ -1,11 +1,11 @@
 """``count/<resource>.<group>`` on custom resources: tally's discovery and reflectors, in-process.
 
-Drives :class:`tally.discovery.DynamicKinds` (and through it :class:`tally.reflector.Reflector`)
-directly against the real control plane in operator mode, with a quota store filled by the test
-and no operator running: what is checked is the machinery's view (the stores it hands the
-controller, the registry, what it reports), plus the Events it writes, read back from the API.
-The quota-level test (``status.used`` of a quota counting a CRD) belongs with the operator's
-e2e tests once the runtime wires this in.
+Drives :class:`tally.resourcequota.discovery.DynamicKinds` (and through it
+:class:`tally.kube.reflector.Reflector`) directly against the real control plane in operator mode,
+with a quota store filled by the test and no operator running: what is checked is the machinery's
+view (the stores it hands the controller, the registry, what it reports), plus the Events it writes,
+read back from the API. The quota-level test (``status.used`` of a quota counting a CRD) belongs
+with the operator's e2e tests once the runtime wires this in.
 
 Each test makes its own CRD in its own API group, so tests never share discovery state.
 """
@@ -22,11 +22,11 @@ from typing import Any
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.cache import Store
-from tally.discovery import REASON_UNKNOWN_RESOURCE, DynamicKinds
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, new_registry
+from tally.kube import rest
+from tally.machinery.cache import Store
+from tally.resourcequota.discovery import REASON_UNKNOWN_RESOURCE, DynamicKinds
 from tally_e2e import eventually
 
 # "within 1 s" in issue 4 for a deletion to be seen.
@@ -63,7 +63,7 @@ async def create_crd(api: client.ApiClient, group: str, plural: str = PLURAL) ->
     await extensions.create_custom_resource_definition(crd_body(group, plural))
 
     async def established() -> bool:
-        crd = await kube.get_json(
+        crd = await rest.get_json(
             api, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}"
         )
         conditions = (crd.get("status") or {}).get("conditions") or []
@@ -102,7 +102,7 @@ async def delete_widget(api: client.ApiClient, group: str, namespace: str, name:
 async def create_quota(api: client.ApiClient, namespace: str, hard: dict[str, str]) -> Any:
     body = {"metadata": {"name": "counts"}, "spec": {"hard": hard}}
     await client.CoreV1Api(api).create_namespaced_resource_quota(namespace, body)
-    return await kube.get_json(api, f"/api/v1/namespaces/{namespace}/resourcequotas/counts")
+    return await rest.get_json(api, f"/api/v1/namespaces/{namespace}/resourcequotas/counts")
 
 
 class Harness:
@@ -146,7 +146,7 @@ class Harness:
 
 
 async def warning_reasons(api: client.ApiClient, namespace: str, quota: str) -> set[str]:
-    events = await kube.get_json(api, f"/api/v1/namespaces/{namespace}/events")
+    events = await rest.get_json(api, f"/api/v1/namespaces/{namespace}/events")
     return {
         event["reason"]
         for event in events.get("items") or []

@@ -7,11 +7,11 @@ it is stable, reads all objects back from the API as raw JSON and computes each 
 with tally's :func:`~tally.evaluators.calculate_quota_usage`. For every quota the names must be
 the same and every value equal to upstream's.
 
-Values are compared numerically (both sides parsed with :func:`~tally.quantity.parse_quantity`),
-not as strings: upstream sums quantities in Go map order and a sum takes the format of its
-first non-zero operand, so the same memory total comes out as ``4046656k`` in one run and as a
-plain byte count in another (both seen here); a string match would fail for reasons unrelated to
-quota semantics.
+Values are compared numerically (both sides parsed with
+:func:`~tally.quota.quantity.parse_quantity`), not as strings: upstream sums quantities in Go map
+order and a sum takes the format of its first non-zero operand, so the same memory total comes out
+as ``4046656k`` in one run and as a plain byte count in another (both seen here); a string match
+would fail for reasons unrelated to quota semantics.
 
 Objects are created before the quotas that count them: upstream's admission enforces quotas in
 reference mode, and a quota whose status is not filled yet forbids every charged request
@@ -33,7 +33,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 
 from tally.evaluators import GroupResource, calculate_quota_usage, new_registry
-from tally.quantity import Quantity, parse_quantity
+from tally.quota.quantity import Quantity, parse_quantity
 from tally_e2e import eventually, set_pod_status
 
 PODS = GroupResource("", "pods")

@@ -11,8 +11,8 @@ Rendered with the kubectl built at the cluster's version (``kubectl kustomize``)
 settings in the rendered Deployment are checked by tally's own settings model. No control plane
 is needed. cert-manager is not installed here, so nothing checks that cert-manager accepts the
 objects or issues what they ask for: the cert-manager test stands in for it by making what the
-Certificate describes (its names, a CA's ``ca.crt``) with ``tally.certs`` and having tally's
-own check for mounted files (``tally.certs.problems``) accept it for the rendered hosts.
+Certificate describes (its names, a CA's ``ca.crt``) with ``tally.webhook.certs`` and having tally's
+own check for mounted files (``tally.webhook.certs.problems``) accept it for the rendered hosts.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 import cluster
-from tally import certs
-from tally.settings import Settings
+from tally.app.settings import Settings
+from tally.webhook import certs
 
 REPO = Path(__file__).resolve().parents[2]
 

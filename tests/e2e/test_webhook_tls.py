@@ -41,7 +41,7 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
 import cluster
-from tally import certs
+from tally.webhook import certs
 from tally_e2e import ControlPlane, eventually
 
 SECRET = "tally-webhook-tls"

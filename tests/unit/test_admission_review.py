@@ -1,4 +1,4 @@
-"""tally.admission_review: the AdmissionReview envelope is checked before Kopf sees it."""
+"""tally.webhook.server: the AdmissionReview envelope is checked before Kopf sees it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tally.admission_review import ReviewError, parse_review
+from tally.webhook.server import ReviewError, parse_review
 
 pytestmark = pytest.mark.unit
 

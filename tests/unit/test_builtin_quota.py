@@ -1,4 +1,5 @@
-"""tally.builtin_quota: reading the start-up probe's observations, and what tally does then.
+"""tally.builtin_quota.decision: reading the start-up probe's observations, and what tally does
+then.
 
 The API answers below are the API server's own words, taken from the local control plane
 (v1.37.1): reference mode (upstream's plugin refusing the dry run), a webhook configuration
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tally.builtin_quota import (
+from tally.builtin_quota.decision import (
     APISERVER_FLAG,
     CONTROLLER_MANAGER_FLAG,
     PROBE_NAME,

@@ -1,4 +1,4 @@
-"""tally.cache.Store: events, the re-list reconciliation (no ghosts), and the synced gate.
+"""tally.machinery.cache.Store: events, the re-list reconciliation (no ghosts), and the synced gate.
 
 The list/event interleavings are the ones client-go's DeltaFIFO ``Replace`` exists for: an
 object deleted during a watch gap, an event newer than an in-flight LIST, a re-created object.
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Change, ChangeKind, Store, StoreError
+from tally.machinery.cache import Change, ChangeKind, Store, StoreError
 
 pytestmark = pytest.mark.unit
 

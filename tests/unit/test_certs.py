@@ -1,5 +1,6 @@
-"""tally.certs: what it makes serves TLS; stored material is read back or refused with a reason;
-the renewal decision (serving certificate, CA, the CA overlap) on plain data with a fixed clock."""
+"""tally.webhook.certs: what it makes serves TLS; stored material is read back or refused with a
+reason; the renewal decision (serving certificate, CA, the CA overlap) on plain data with a fixed
+clock."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
-from tally import certs
-from tally.certs import Material, MaterialError, Policy
+from tally.webhook import certs
+from tally.webhook.certs import Material, MaterialError, Policy
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import pytest
 
 from tally.charges import ChargeLedger, ObjectRef, QuotaKey
 from tally.evaluators.base import GroupResource
-from tally.quantity import Quantity
+from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,5 @@
-"""tally.discovery: discovery documents, the named set, resolution, and the manager's passes.
+"""tally.resourcequota.discovery: discovery documents, the named set, resolution, and the manager's
+passes.
 
 Documents are shaped like what kube-apiserver serves at ``/api/v1``, ``/apis/<group>`` and
 ``/apis/<group>/<version>``. The manager tests replace the reflector with a stub (no watching
@@ -13,8 +14,12 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Store
-from tally.discovery import (
+from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import IGNORED_RESOURCES, new_registry
+from tally.kube.reflector import StatusError
+from tally.machinery.cache import Store
+from tally.machinery.informers import Informer
+from tally.resourcequota.discovery import (
     REASON_FORBIDDEN,
     REASON_UNKNOWN_RESOURCE,
     REASON_UNSUPPORTED,
@@ -30,10 +35,6 @@ from tally.discovery import (
     quotable_problem,
     split_group_version,
 )
-from tally.evaluators.base import GroupResource
-from tally.evaluators.registry import IGNORED_RESOURCES, new_registry
-from tally.informers import Informer
-from tally.reflector import StatusError
 
 pytestmark = pytest.mark.unit
 
@@ -328,7 +329,7 @@ def test_problem_for_failure(code: int, reason: str) -> None:
 
 
 class StubReflector:
-    """Stands in for :class:`tally.reflector.Reflector`: lists nothing until told."""
+    """Stands in for :class:`tally.kube.reflector.Reflector`: lists nothing until told."""
 
     def __init__(self, source: Any, store: Store[Any], *, name: str, on_synced: Any,
                  on_failure: Any) -> None:  # fmt: skip

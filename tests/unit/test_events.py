@@ -7,7 +7,7 @@ Events) and ``util/util_test.go`` (Event names). Each case names its upstream te
 values are upstream's. Where upstream has no test (a whole scale-up burst, the refill after
 300 s, the patch body, the LRU), the expected values are what client-go v0.37.1's own code
 answered for the same script (a throwaway Go program against the module, quoted in the test).
-Not covered here: the Kubernetes sink (``tally.podset_client.KubeEventSink``), which the e2e
+Not covered here: the Kubernetes sink (``tally.podset.client.KubeEventSink``), which the e2e
 tests exercise against the API server.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tally import events
-from tally.events import (
+from tally.machinery import events
+from tally.machinery.events import (
     DEFAULT_AGGREGATE_INTERVAL_IN_SECONDS,
     DEFAULT_AGGREGATE_MAX_EVENTS,
     DEFAULT_SPAM_BURST,
@@ -68,7 +68,7 @@ class FakeClock:
 
 
 def test_core_imports_nothing_forbidden() -> None:
-    """tally.events is pure core (STYLE.md): no kopf, kubernetes_asyncio or pydantic."""
+    """tally.machinery.events is pure core (STYLE.md): no kopf, kubernetes_asyncio or pydantic."""
     tree = ast.parse(pathlib.Path(events.__file__).read_text())
     imported = {
         alias.name

@@ -1,4 +1,4 @@
-"""tally.handlers: the Kopf registrations that NoEssenceDiffBase relies on."""
+"""tally.app.handlers: the Kopf registrations that NoEssenceDiffBase relies on."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import kopf
 import pytest
 
-import tally.handlers as handlers
+import tally.app.handlers as handlers
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""tally.informers.Informer: a LIST applied page by page, each page dispatched at once."""
+"""tally.machinery.informers.Informer: a LIST applied page by page, each page dispatched at once."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Change, ChangeKind, Store
-from tally.informers import Informer
+from tally.machinery.cache import Change, ChangeKind, Store
+from tally.machinery.informers import Informer
 
 pytestmark = pytest.mark.unit
 

@@ -1,11 +1,11 @@
-"""tally.kube: the API client asks the environment once, not on every request."""
+"""tally.kube.rest: the API client asks the environment once, not on every request."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes_asyncio import client
 
-from tally import kube
+from tally.kube import rest
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ async def test_proxy_resolved_once_and_environment_never_read_again(
     try:
         # kubernetes-asyncio's own choice, which this undoes.
         assert api.rest_client.pool_manager.trust_env is True
-        kube.read_environment_once(api, HOST)
+        rest.read_environment_once(api, HOST)
         assert api.rest_client.pool_manager.trust_env is False
         assert proxy == api.rest_client.proxy
         assert proxy_headers == api.rest_client.proxy_headers
@@ -75,7 +75,7 @@ async def test_a_configured_proxy_is_kept(clean_proxy_env: pytest.MonkeyPatch) -
     api = await _client()
     try:
         api.rest_client.proxy = "http://configured.example:8080"
-        kube.read_environment_once(api, HOST)
+        rest.read_environment_once(api, HOST)
         assert "http://configured.example:8080" == api.rest_client.proxy
         assert api.rest_client.pool_manager.trust_env is False
     finally:

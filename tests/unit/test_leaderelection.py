@@ -1,4 +1,4 @@
-"""tally.leaderelection: the election's decisions, on plain records and a stepped clock.
+"""tally.machinery.leaderelection: the election's decisions, on plain records and a stepped clock.
 
 The first table is client-go's ``TestTryAcquireOrRenew`` (``tools/leaderelection/
 leaderelection_test.go``, v0.37.1): candidate ``baz``, lease duration 10 s, each case an
@@ -20,7 +20,7 @@ import datetime
 
 import pytest
 
-from tally.leaderelection import (
+from tally.machinery.leaderelection import (
     Create,
     ElectionConfig,
     ElectionConfigError,

@@ -1,11 +1,11 @@
-"""tally.metrics: kube_resourcequota follows each quota's names; sync metrics count."""
+"""tally.app.metrics: kube_resourcequota follows each quota's names; sync metrics count."""
 
 from __future__ import annotations
 
 import pytest
 
-from tally.metrics import Metrics
-from tally.quantity import parse_quantity
+from tally.app.metrics import Metrics
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,9 @@
-"""The PodSet recorder's Kubernetes side: :class:`tally.podset_client.KubeEventSink` and
-:class:`~tally.podset_client.KubeEventRecorder`, on a fake API client that records requests.
+"""The PodSet recorder's Kubernetes side: :class:`tally.podset.client.KubeEventSink` and
+:class:`~tally.podset.client.KubeEventRecorder`, on a fake API client that records requests.
 
 What goes over the wire (paths, methods, content types, bodies) and how API errors reach the
-sink loop (an answered error is a :class:`tally.events.StatusError`, never retried; anything
-else propagates and is retried). The correlator itself is ``test_events.py``'s.
+sink loop (an answered error is a :class:`tally.machinery.events.StatusError`, never retried;
+anything else propagates and is retried). The correlator itself is ``test_events.py``'s.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally import events
-from tally.podset_client import KubeEventRecorder, KubeEventSink, TokenBucket
+from tally.machinery import events
+from tally.podset.client import KubeEventRecorder, KubeEventSink, TokenBucket
 from tally.workqueue import FakeClock
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tally.quantity import (
+from tally.quota.quantity import (
     NANO,
     Format,
     Quantity,

@@ -1,8 +1,8 @@
-"""tally.quota_accessor.KubeQuotaAccessor.usage_raised: this process's own status writes
+"""tally.kube.quota_accessor.KubeQuotaAccessor.usage_raised: this process's own status writes
 against other replicas' raises of ``status.used``, seen on the quota watch.
 
-The PUTs are ``tally.kube.put_json`` replaced by :class:`FakePut`: it answers with the body at a
-chosen resourceVersion, can wait on an event (the watch event arriving before the PUT returns)
+The PUTs are ``tally.kube.rest.put_json`` replaced by :class:`FakePut`: it answers with the body at
+a chosen resourceVersion, can wait on an event (the watch event arriving before the PUT returns)
 and can fail with 409.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.cache import Store
 from tally.charges import ChargeLedger, QuotaKey
-from tally.errors import Conflict
-from tally.quantity import Quantity
-from tally.quota_accessor import KubeQuotaAccessor
+from tally.kube import rest
+from tally.kube.quota_accessor import KubeQuotaAccessor
+from tally.machinery.cache import Store
+from tally.machinery.errors import Conflict
+from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ def quota(key: QuotaKey = KEY, rv: str = "1") -> dict[str, Any]:
 
 
 class FakePut:
-    """``kube.put_json``: each call takes the next answer; an answer is the resourceVersion to
+    """``rest.put_json``: each call takes the next answer; an answer is the resourceVersion to
     store at, or an ``ApiException`` to raise. Every call waits for ``gate`` first (open until
     a test closes it)."""
 
@@ -60,7 +60,7 @@ class FakePut:
 @pytest.fixture
 def put(monkeypatch: pytest.MonkeyPatch) -> FakePut:
     fake = FakePut()
-    monkeypatch.setattr(kube, "put_json", fake)
+    monkeypatch.setattr(rest, "put_json", fake)
     return fake
 
 

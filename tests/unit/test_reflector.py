@@ -1,4 +1,4 @@
-"""tally.reflector: the LIST/WATCH state machine, driven by a scripted source and a fake sleep.
+"""tally.kube.reflector: the LIST/WATCH state machine, driven by a scripted source and a fake sleep.
 
 Covers what client-go's ``reflector_test.go`` covers for one resource: the list's
 resourceVersion starts the watch, events reach the store, bookmarks move the resume point,
@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Store
-from tally.reflector import (
+from tally.kube.reflector import (
     Backoff,
     ErrorEvent,
     Reflector,
@@ -27,6 +26,7 @@ from tally.reflector import (
     _status_error_from_body,
     classify,
 )
+from tally.machinery.cache import Store
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tally import resources as quota
-from tally.quantity import Format, Quantity, parse_quantity
-from tally.resources import ResourceListError
+from tally.quota import resources as quota
+from tally.quota.quantity import Format, Quantity, parse_quantity
+from tally.quota.resources import ResourceListError
 
 pytestmark = pytest.mark.unit
 

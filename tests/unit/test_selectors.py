@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tally.selectors import (
+from tally.machinery.selectors import (
     EVERYTHING,
     NOTHING,
     Operator,

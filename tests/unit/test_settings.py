@@ -1,10 +1,10 @@
-"""tally.settings: defaults, environment overrides, and clear errors for bad values."""
+"""tally.app.settings: defaults, environment overrides, and clear errors for bad values."""
 
 from __future__ import annotations
 
 import pytest
 
-from tally.settings import Settings, SettingsError
+from tally.app.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.unit
 

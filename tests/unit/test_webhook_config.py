@@ -1,4 +1,5 @@
-"""tally.webhook: the registered rules cover what quotas can charge, and nothing else."""
+"""tally.webhook.configuration: the registered rules cover what quotas can charge, and nothing
+else."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ from typing import Any, cast
 
 import pytest
 
-from tally import certs
+from tally.app.settings import Settings, SettingsError
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import new_registry
-from tally.registrar import REFRESH_DEBOUNCE_S, WebhookRegistrar
-from tally.settings import Settings, SettingsError
-from tally.webhook import (
+from tally.webhook import certs
+from tally.webhook.configuration import (
     ServiceReference,
     count_resources,
     parse_service_reference,
     validating_webhook_configuration,
     webhook_rules,
 )
-from tally.webhook_tls import MemorySource, ServingTLS
+from tally.webhook.registrar import REFRESH_DEBOUNCE_S, WebhookRegistrar
+from tally.webhook.tls import MemorySource, ServingTLS
 
 pytestmark = pytest.mark.unit
 

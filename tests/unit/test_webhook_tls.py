@@ -1,4 +1,4 @@
-"""tally.webhook_tls without a cluster: a real TLS server on loopback serving tally's context.
+"""tally.webhook.tls without a cluster: a real TLS server on loopback serving tally's context.
 
 * A renewal reaches new handshakes of the *running* server (no restart), and the caBundle
   handed to the webhook configuration follows, in the safe order during a CA rotation.
@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tally import certs
-from tally.certs import Material, MaterialError, Policy
-from tally.webhook_tls import MemorySource, MountedSource, ServingTLS, server_context
+from tally.webhook import certs
+from tally.webhook.certs import Material, MaterialError, Policy
+from tally.webhook.tls import MemorySource, MountedSource, ServingTLS, server_context
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ configuration) sits above it and calls :meth:`QuotaEvaluator.evaluate` with an
 This module only re-exports the names the adapter uses.
 """
 
-from tally.admission.accessor import Conflict, QuotaAccessor, UpdatedQuotas
+from tally.admission.accessor import Conflict, QuotaAccessor
 from tally.admission.attributes import Attributes
 from tally.admission.checks import check_request
 from tally.admission.config import (
@@ -44,7 +44,6 @@ __all__ = [
     "NoopAdmissionMetrics",
     "QuotaAccessor",
     "QuotaEvaluator",
-    "UpdatedQuotas",
     "check_request",
     "parse_configuration",
 ]

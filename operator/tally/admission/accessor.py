@@ -8,8 +8,8 @@ an in-memory fake:
   its informer cache, falls back to a live LIST (cached 30 s, de-duplicated) when the cache has
   none, and prefers quotas it wrote itself when their resourceVersion is newer than the
   cache's copy. tally's implementation (the operator layer) does the same over the usage
-  controller's cache; :class:`UpdatedQuotas` is the pure half of the "prefer my own writes"
-  rule, ready to be used there.
+  controller's cache, and keeps upstream's updated-quotas LRU itself
+  (:class:`tally.kube.quota_accessor.UpdatedQuotas`).
 * ``update_quota_status(quota)``: a compare-and-swap write: an update of the ``status``
   subresource that carries the resourceVersion that was read, so that a concurrent writer makes
   it fail with 409 instead of being overwritten.
@@ -22,17 +22,13 @@ Left out: any client code; this module imports no Kubernetes client.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-from tally.cache import RecentWrites
-from tally.errors import Conflict
+from tally.machinery.errors import Conflict
 
-__all__ = ["UPDATED_QUOTAS_SIZE", "Conflict", "QuotaAccessor", "UpdatedQuotas", "quota_name"]
+__all__ = ["Conflict", "QuotaAccessor", "quota_name"]
 
 Quota = Mapping[str, Any]
-
-UPDATED_QUOTAS_SIZE: Final = 100
-"""Upstream's ``lru.New(100)`` for the updated-quotas cache."""
 
 
 class QuotaAccessor(Protocol):
@@ -65,12 +61,3 @@ def quota_name(quota: Quota) -> str:
         if isinstance(name, str):
             return name
     return ""
-
-
-class UpdatedQuotas(RecentWrites):
-    """Quotas this process wrote recently, preferred over older cached copies: upstream's
-    ``updatedQuotas`` LRU (``lru.New(100)``) and ``checkCache``, over
-    :class:`tally.cache.RecentWrites`."""
-
-    def __init__(self, size: int = UPDATED_QUOTAS_SIZE) -> None:
-        super().__init__(size)

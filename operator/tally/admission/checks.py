@@ -47,7 +47,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tally import resources as quota
 from tally.admission.attributes import Attributes, resource_version
 from tally.admission.config import LimitedResource
 from tally.admission.errors import AdmissionDenied, forbidden, unknown_error
@@ -59,8 +58,9 @@ from tally.evaluators.base import (
     ScopeRequirement,
     quota_scopes,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = [
     "PRIOR_VERSION_NOT_FOUND",

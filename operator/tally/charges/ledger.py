@@ -45,10 +45,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
-from tally import resources as quota
 from tally.evaluators.base import GroupResource
-from tally.quantity import Quantity
-from tally.resources import ResourceList
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 QuotaKey = tuple[str, str]
 """(namespace, name) of a quota."""

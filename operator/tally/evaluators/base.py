@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
-from tally.quantity import Format, Quantity
-from tally.resources import ResourceList, ResourceListError, parse_resource_list
-from tally.selectors import Operator, Requirement, SelectorError, requirement
+from tally.machinery.selectors import Operator, Requirement, SelectorError, requirement
+from tally.quota.quantity import Format, Quantity
+from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
 
 __all__ = [
     "Clock",

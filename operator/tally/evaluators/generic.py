@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from tally import resources as quota
 from tally.evaluators import base
 from tally.evaluators.base import (
     GroupResource,
@@ -26,8 +25,9 @@ from tally.evaluators.base import (
     ScopeRequirement,
     object_count_resource_name,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = ["LEGACY_OBJECT_COUNT_ALIASES", "ObjectCountEvaluator"]
 

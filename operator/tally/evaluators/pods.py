@@ -43,7 +43,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from tally import resources as quota
 from tally.evaluators import base
 from tally.evaluators.base import (
     Clock,
@@ -60,9 +59,10 @@ from tally.evaluators.base import (
     get_str,
     parse_timestamp,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
-from tally.selectors import Operator, Requirement, is_qualified_name
+from tally.machinery.selectors import Operator, Requirement, is_qualified_name
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = [
     "POD_RESOURCES",

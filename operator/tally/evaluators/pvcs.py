@@ -41,9 +41,9 @@ from tally.evaluators.base import (
     get_resource_list,
     get_str,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
-from tally.selectors import Operator
+from tally.machinery.selectors import Operator
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = [
     "PVC_RESOURCES",

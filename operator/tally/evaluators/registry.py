@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from tally import resources as quota
 from tally.evaluators.base import (
     Clock,
     Evaluator,
@@ -37,8 +36,9 @@ from tally.evaluators.pods import PodEvaluator
 from tally.evaluators.pvcs import PersistentVolumeClaimEvaluator
 from tally.evaluators.resourceclaims import ResourceClaimEvaluator
 from tally.evaluators.services import ServiceEvaluator
-from tally.quantity import Quantity
-from tally.resources import ResourceList, ResourceListError, parse_resource_list
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
 
 __all__ = [
     "IGNORED_RESOURCES",

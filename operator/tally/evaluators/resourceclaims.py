@@ -46,8 +46,8 @@ from tally.evaluators.base import (
     get_str,
     object_count_resource_name,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = [
     "ALLOCATION_RESULTS_MAX_SIZE",

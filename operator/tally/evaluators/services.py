@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from tally import resources as quota
 from tally.evaluators import base
 from tally.evaluators.base import (
     GroupResource,
@@ -35,8 +34,9 @@ from tally.evaluators.base import (
     get_mapping,
     get_str,
 )
-from tally.quantity import Quantity
-from tally.resources import ResourceList
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 
 __all__ = ["SERVICE_RESOURCES", "ServiceEvaluator", "quota_service_type"]
 

@@ -1,6 +1,10 @@
-"""PodSet's pure core: the decisions of upstream's ReplicaSet controller, with no I/O.
+"""PodSet (``podsets.tally.dev``): the ReplicaSet-like controller, its pure core and its client.
 
-This package owns what ``pkg/controller/replicaset/`` and ``pkg/controller/controller_utils.go``
+The controller (:mod:`tally.podset.controller`) is upstream's ReplicaSet controller in the
+sample-controller shape: event handlers enqueue keys, workers sync from the caches, with
+in-memory expectations; :mod:`tally.podset.client` is its API side (pod creates and deletes,
+status writes, Events) and :mod:`tally.podset.validation` the PodSet webhook's checks. The rest
+owns what ``pkg/controller/replicaset/`` and ``pkg/controller/controller_utils.go``
 decide, written as plain functions and small classes over Kubernetes API JSON (``dict``, camelCase
 keys, exactly as the API server sends them):
 
@@ -16,11 +20,12 @@ keys, exactly as the API server sends them):
 * :mod:`tally.podset.podutil`: small readers of pod JSON shared by the others (upstream
   ``pkg/api/v1/pod/util.go``).
 
-Layering: this is the pure core. Nothing here imports ``kopf``, ``kubernetes_asyncio`` or
-``pydantic``, reads a cache or calls the API server; the PodSet controller does all of that and
-asks these modules what to do. The only coroutine is
+Layering: everything but :mod:`tally.podset.client` (and the boundary model) is pure: it imports
+no ``kopf``, ``kubernetes_asyncio`` or ``pydantic`` (a contract ``make lint`` checks). The
+controller reads caches and calls the client through small protocols, and asks the other
+modules what to do. The only coroutine is
 :func:`tally.podset.replicas.slow_start_batch`, which runs calls it is given.
 
 Left out on purpose: event handlers, the work queue loop, the API client, Kubernetes Events and
-label-selector parsing (``tally.selectors``: functions here take a ``matches`` predicate).
+label-selector parsing (``tally.machinery.selectors``: functions here take a ``matches`` predicate).
 """

@@ -54,7 +54,8 @@ PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
 """Content type of :func:`adopt_patch` and :func:`release_patch` (pods only, see above)."""
 
 LabelMatcher = Callable[[Mapping[str, str]], bool]
-"""The PodSet's label selector as a predicate over a pod's labels (built by ``tally.selectors``)."""
+"""The PodSet's label selector as a predicate over a pod's labels (built by
+``tally.machinery.selectors``)."""
 
 
 class ClaimAction(enum.Enum):

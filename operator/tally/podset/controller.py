@@ -11,7 +11,7 @@ So each sync that creates or deletes records how many events it expects, and the
 only manage replicas once those events arrived (or 5 minutes passed).
 
 Pure of Kopf and of the API client: everything that talks to the API server comes in through
-the small protocols below (implemented over kubernetes-asyncio in :mod:`tally.podset_client`),
+the small protocols below (implemented over kubernetes-asyncio in :mod:`tally.podset.client`),
 and time comes from a clock, so a test can drive a sync with plain data.
 """
 
@@ -23,12 +23,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.cache import Change, ChangeKind, RecentWrites, Store
-from tally.errors import Conflict
+from tally.machinery.cache import Change, ChangeKind, RecentWrites, Store
+from tally.machinery.errors import Conflict
+from tally.machinery.selectors import LabelSelector, SelectorError, parse_label_selector
 from tally.podset import claim as claims
 from tally.podset import podutil, ranking, replicas, status
 from tally.podset.expectations import UIDTrackingControllerExpectations
-from tally.selectors import LabelSelector, SelectorError, parse_label_selector
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,

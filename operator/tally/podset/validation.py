@@ -38,7 +38,7 @@ selector required, not empty, immutable), so the API server rejects those before
 asked; this module is the full set, for the webhook and for tests.
 
 Pure: no ``kopf``, ``kubernetes_asyncio`` or ``pydantic``; label selectors are parsed and
-matched by :mod:`tally.selectors`.
+matched by :mod:`tally.machinery.selectors`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from tally import selectors
+from tally.machinery import selectors
 
 __all__ = [
     "IMMUTABLE_MESSAGE",

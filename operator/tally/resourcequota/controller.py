@@ -38,14 +38,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally import resources as quota
-from tally.cache import Store
 from tally.charges import ChargeLedger
-from tally.errors import Conflict
 from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
-from tally.quantity import Quantity
-from tally.resources import ResourceListError, parse_resource_list
+from tally.machinery.cache import Store
+from tally.machinery.errors import Conflict
+from tally.quota import resources as quota
+from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
@@ -82,7 +82,7 @@ class QuotaStatusWriter(Protocol):
 
 
 class SyncObserver(Protocol):
-    """What the controller reports as it works (implemented by :mod:`tally.metrics`)."""
+    """What the controller reports as it works (implemented by :mod:`tally.app.metrics`)."""
 
     def quota_synced(
         self, key: QuotaKey, hard: Mapping[str, Quantity], used: Mapping[str, Quantity]

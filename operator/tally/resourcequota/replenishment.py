@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tally.cache import Change, ChangeKind, Store
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import Evaluator, GroupResource
+from tally.machinery.cache import Change, ChangeKind, Store
 
 
 class Replenish(Protocol):

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
-from tally.admission.accessor import UpdatedQuotas
 from tally.admission.attributes import Attributes, is_namespace_creation
 from tally.admission.checks import (
     PRIOR_VERSION_NOT_FOUND,
@@ -37,7 +35,9 @@ from tally.admission.config import (
 from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource, parse_scope_requirement
 from tally.evaluators.registry import new_registry
-from tally.resources import parse_resource_list
+from tally.kube.quota_accessor import UpdatedQuotas
+from tally.quota import resources as quota
+from tally.quota.resources import parse_resource_list
 
 pytestmark = pytest.mark.unit
 

@@ -39,7 +39,7 @@ from tally.admission import (
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
 from tally.evaluators.registry import new_registry
-from tally.quantity import parse_quantity
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import GroupResource, ObjectCountEvaluator, object_count_resource_name
 from tally.evaluators.base import parse_scope_requirement
+from tally.quota import resources as quota
 
 pytestmark = pytest.mark.unit
 

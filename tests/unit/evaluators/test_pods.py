@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import (
     ConstraintError,
     ObjectError,
@@ -23,8 +22,9 @@ from tally.evaluators import (
     project_pod,
 )
 from tally.evaluators.base import parse_scope_requirement
-from tally.quantity import parse_quantity
-from tally.selectors import Operator
+from tally.machinery.selectors import Operator
+from tally.quota import resources as quota
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

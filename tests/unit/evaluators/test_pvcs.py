@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import ObjectError, PersistentVolumeClaimEvaluator, ScopeRequirement
 from tally.evaluators.base import ScopeName, parse_scope_requirement
-from tally.quantity import parse_quantity
-from tally.selectors import Operator
+from tally.machinery.selectors import Operator
+from tally.quota import resources as quota
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

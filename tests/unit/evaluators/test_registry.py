@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import (
     GroupResource,
     ObjectCountEvaluator,
@@ -20,6 +19,7 @@ from tally.evaluators import (
     quota_scopes,
 )
 from tally.evaluators.registry import group_resource_for_count_name
+from tally.quota import resources as quota
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import ObjectError
 from tally.evaluators.base import parse_scope_requirement
 from tally.evaluators.registry import calculate_usage, new_registry
@@ -23,7 +22,8 @@ from tally.evaluators.resourceclaims import (
     RESOURCE_CLAIMS,
     ResourceClaimEvaluator,
 )
-from tally.quantity import parse_quantity
+from tally.quota import resources as quota
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from tally import resources as quota
 from tally.evaluators import ObjectError, ServiceEvaluator
 from tally.evaluators.base import parse_scope_requirement
-from tally.quantity import parse_quantity
+from tally.quota import resources as quota
+from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""PodSet validation (``tally.podset.validation``) and the boundary models (``tally.podset_model``).
+"""PodSet validation (``tally.podset.validation``) and the boundary models (``tally.podset.model``).
 
 Cases follow kubernetes ``pkg/apis/apps/validation/validation_test.go`` (TestValidateReplicaSet,
 TestValidateReplicaSetUpdate) and name it where they port one. Every expected message is what
@@ -20,8 +20,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from tally.podset.model import PodSet, PodSetSpec, PodSetStatus
 from tally.podset.validation import invalid_message, validate_podset
-from tally.podset_model import PodSet, PodSetSpec, PodSetStatus
 
 pytestmark = pytest.mark.unit
 

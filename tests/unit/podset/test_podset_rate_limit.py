@@ -1,4 +1,4 @@
-"""The PodSet controller's client-side token bucket (``tally.podset_client.TokenBucket``),
+"""The PodSet controller's client-side token bucket (``tally.podset.client.TokenBucket``),
 driven by a fake clock: nothing sleeps for real."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tally.podset_client import TokenBucket, token_bucket
-from tally.settings import Settings
+from tally.app.settings import Settings
+from tally.podset.client import TokenBucket, token_bucket
 from tally.workqueue import FakeClock
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Store
-from tally.errors import Conflict
+from tally.machinery.cache import Store
+from tally.machinery.errors import Conflict
 from tally.podset.controller import PodSetController, pod_view
 
 pytestmark = pytest.mark.unit

@@ -2,8 +2,8 @@
 ``pkg/controller/resourcequota/resource_quota_controller_test.go``.
 
 Upstream feeds its controller from informer listers and a fake clientset and then inspects the
-client's actions; here the controller reads :class:`~tally.cache.Store` objects filled with
-``replace([...], started_at=0)`` through each evaluator's ``project``, and writes through a
+client's actions; here the controller reads :class:`~tally.machinery.cache.Store` objects filled
+with ``replace([...], started_at=0)`` through each evaluator's ``project``, and writes through a
 :class:`FakeStatusWriter` that records every ``(quota, status)`` it is asked to write. "No
 update action" upstream is "no recorded write" here.
 
@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from tally.cache import Store
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, UsageError, new_registry
-from tally.quantity import Quantity, parse_quantity
+from tally.machinery.cache import Store
+from tally.quota.quantity import Quantity, parse_quantity
 from tally.resourcequota.controller import (
     Conflict,
     QuotaKey,

@@ -13,10 +13,10 @@ Where the material lives, one :class:`Source` per way of running tally:
   cert-manager Secret, which the kubelet updates in place); served as found, never written.
 
 :class:`ServingTLS` runs one *pass* at start-up, which must succeed (nothing is served without a
-certificate), and again whenever something falls due (:func:`tally.certs.next_check`), every
+certificate), and again whenever something falls due (:func:`tally.webhook.certs.next_check`), every
 check period, and when the Secret's watch event shows someone else changed it. A pass reads,
-decides (:func:`tally.certs.plan`; :func:`tally.certs.problems` for files tally may not
-change), writes, and makes the server and the caBundle follow. A pass that fails changes
+decides (:func:`tally.webhook.certs.plan`; :func:`tally.webhook.certs.problems` for files tally may
+not change), writes, and makes the server and the caBundle follow. A pass that fails changes
 nothing that is served and is retried with backoff; the current certificate has a third of its
 validity left when renewal starts, so there is time.
 
@@ -32,8 +32,8 @@ and keep trusting the previous one while connections made earlier are reused. So
 serving certificate changes: publish the union of the old and the new bundle; if the new
 certificate's CA was not in the published bundle, pause a moment for the API servers to see it
 (that happens only when the old certificate was unusable or someone else replaced the material:
-tally's own CA rotation waits out ``ca_overlap`` first, see :mod:`tally.certs`); load the new
-pair; publish the new bundle.
+tally's own CA rotation waits out ``ca_overlap`` first, see :mod:`tally.webhook.certs`); load the
+new pair; publish the new bundle.
 
 **Mutual TLS** (``TALLY_WEBHOOK_CLIENT_CA``): the context requires a client certificate signed
 by that CA and by nothing else. It is built from a bare ``SSLContext``, not
@@ -44,8 +44,8 @@ Several replicas (leader election) share one Secret: every replica runs the pass
 that loses the compare-and-swap (409) reads again and serves what the winner wrote, and the
 Secret's watch event brings each replica the others' renewals. Publishing the caBundle writes
 the webhook configuration only on the leader, whose registrar registered it
-(:meth:`tally.registrar.WebhookRegistrar.set_ca_bundle`); a follower keeps the bundle for the day
-it leads. A CA rotation publishes the new CA an overlap before any replica presents a
+(:meth:`tally.webhook.registrar.WebhookRegistrar.set_ca_bundle`); a follower keeps the bundle for
+the day it leads. A CA rotation publishes the new CA an overlap before any replica presents a
 certificate it signed, so followers do not depend on the leader's timing. The exception is a
 Secret someone replaced with material of another CA: every replica reacts to the same watch
 event, and a follower may present the new certificate a moment before the leader's pass has
@@ -73,8 +73,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client
 
-from tally import certs, kube
-from tally.certs import Material, MaterialError, Policy
+from tally.kube import rest
+from tally.webhook import certs
+from tally.webhook.certs import Material, MaterialError, Policy
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +161,14 @@ class SecretSource:
 
     @property
     def path(self) -> str:
-        return f"{kube.collection_path('', 'v1', 'secrets', self.namespace)}/{self.name}"
+        return f"{rest.collection_path('', 'v1', 'secrets', self.namespace)}/{self.name}"
 
     def describe(self) -> str:
         return f"Secret {self.namespace}/{self.name}"
 
     async def read(self) -> Stored:
         try:
-            obj = await kube.get_json(self._api, self.path)
+            obj = await rest.get_json(self._api, self.path)
         except client.ApiException as error:
             if error.status == 404:
                 return Stored(None)
@@ -182,9 +183,9 @@ class SecretSource:
         encoded = {key: base64.b64encode(value).decode("ascii") for key, value in data.items()}
         try:
             if stored.raw is None:
-                written = await kube.post_json(
+                written = await rest.post_json(
                     self._api,
-                    kube.collection_path("", "v1", "secrets", self.namespace),
+                    rest.collection_path("", "v1", "secrets", self.namespace),
                     {
                         "apiVersion": "v1",
                         "kind": "Secret",
@@ -200,7 +201,7 @@ class SecretSource:
             else:
                 # The object as read (labels, annotations, type, and the resourceVersion that
                 # makes this a compare-and-swap), with tally's data.
-                written = await kube.put_json(self._api, self.path, {**stored.raw, "data": encoded})
+                written = await rest.put_json(self._api, self.path, {**stored.raw, "data": encoded})
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(self.describe()) from None

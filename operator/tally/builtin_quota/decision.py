@@ -4,7 +4,7 @@ tally re-implements upstream's ResourceQuota admission plugin (kube-apiserver) a
 resourcequota controller (kube-controller-manager). If either still runs, every create is
 charged twice (once by each admission) and two controllers write ``status.used`` with
 different ideas of reservations, so quotas fill up early and flap. tally therefore checks at
-start-up, with a probe quota (:mod:`tally.builtin_quota_probe` does the I/O), and refuses to
+start-up, with a probe quota (:mod:`tally.builtin_quota.probe` does the I/O), and refuses to
 enforce unless told to proceed (``TALLY_ALLOW_BUILTIN_QUOTA``).
 
 What the probe can observe, and how it is read here:

@@ -1,14 +1,14 @@
 """The Lease that tally's leader election reads and writes (client-go ``resourcelock.LeaseLock``).
 
-Thin on purpose: :mod:`tally.leaderelection` decides; this module GETs, POSTs and PUTs one
+Thin on purpose: :mod:`tally.machinery.leaderelection` decides; this module GETs, POSTs and PUTs one
 ``coordination.k8s.io/v1`` Lease as plain JSON. Every update carries the resourceVersion of
 the Lease last read or written (kept in ``_lease``, as client-go keeps ``ll.lease``), so a
 write over a Lease someone else changed meanwhile fails with 409 instead of overwriting it.
 
 Requests time out after half the renew deadline (at least 1 s): client-go's advice in
 ``NewFromKubeconfig``, so that one hung request cannot use up a whole renewal round.
-Errors come back as :class:`~tally.leaderelection.LockError` (409:
-:class:`~tally.leaderelection.LockConflict`), whatever failed underneath.
+Errors come back as :class:`~tally.machinery.leaderelection.LockError` (409:
+:class:`~tally.machinery.leaderelection.LockConflict`), whatever failed underneath.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Final
 import aiohttp
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.leaderelection import (
+from tally.kube import rest
+from tally.machinery.leaderelection import (
     LeaderElectionRecord,
     LockConflict,
     LockError,
@@ -42,7 +42,7 @@ class KubeLeaseLock:
         self.namespace = namespace
         self.name = name
         self._timeout = max(1.0, request_timeout)
-        self._collection = kube.collection_path("coordination.k8s.io", "v1", "leases", namespace)
+        self._collection = rest.collection_path("coordination.k8s.io", "v1", "leases", namespace)
         self._lease: dict[str, Any] | None = None
         """The Lease as last read or written; None until then (nothing to update over)."""
 
@@ -82,7 +82,7 @@ class KubeLeaseLock:
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         try:
-            return await kube.request_json(
+            return await rest.request_json(
                 self._api, method, path, body, request_timeout=self._timeout
             )
         except client.ApiException as error:

@@ -4,7 +4,7 @@ Every call has a timeout, carries tally's field manager, and turns API failures 
 :class:`tally.podset.controller.PodControlError` with the HTTP status and the Status causes
 (the controller needs "namespace terminating" and "not found" apart from other errors).
 
-Events go through :class:`tally.events.EventBroadcaster` (client-go's recorder and
+Events go through :class:`tally.machinery.events.EventBroadcaster` (client-go's recorder and
 correlator): recorded without blocking, aggregated, counted and spam-filtered, then created or
 patched by one background task through :class:`KubeEventSink`. A lost Event must never fail or
 slow a sync.
@@ -27,8 +27,9 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally import events, kube
-from tally.errors import Conflict
+from tally.kube import rest
+from tally.machinery import events
+from tally.machinery.errors import Conflict
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
 from tally.workqueue import BucketRateLimiter, Clock
@@ -109,30 +110,30 @@ class KubePodControl:
             return await self._api.call_api(
                 path,
                 method,
-                query_params=[("fieldManager", kube.FIELD_MANAGER)] if method != "DELETE" else [],
+                query_params=[("fieldManager", rest.FIELD_MANAGER)] if method != "DELETE" else [],
                 body=body,
                 header_params={"Accept": "application/json", "Content-Type": content_type},
                 response_types_map={200: "object", 201: "object", 202: "object"},
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
-                _request_timeout=kube.REQUEST_TIMEOUT_S,
+                _request_timeout=rest.REQUEST_TIMEOUT_S,
             )
         except client.ApiException as error:
             raise _control_error(error) from error
 
     async def create_pod(self, namespace: str, pod: Mapping[str, Any]) -> Mapping[str, Any]:
-        path = kube.collection_path("", "v1", "pods", namespace)
+        path = rest.collection_path("", "v1", "pods", namespace)
         created = await self._call(path, "POST", dict(pod), "application/json")
         return created if isinstance(created, Mapping) else {}
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
-        path = kube.collection_path("", "v1", "pods", namespace) + f"/{name}"
+        path = rest.collection_path("", "v1", "pods", namespace) + f"/{name}"
         # The UID precondition: never delete a re-created pod of the same name.
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         await self._call(path, "DELETE", body, "application/json")
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        path = kube.collection_path("", "v1", "pods", namespace) + f"/{name}"
+        path = rest.collection_path("", "v1", "pods", namespace) + f"/{name}"
         await self._call(path, "PATCH", dict(patch), PATCH_CONTENT_TYPE)
 
 
@@ -142,13 +143,13 @@ class KubePodSetClient:
         self._limiter = limiter
 
     def _path(self, namespace: str, name: str) -> str:
-        return kube.collection_path(GROUP, VERSION, PLURAL, namespace) + f"/{name}"
+        return rest.collection_path(GROUP, VERSION, PLURAL, namespace) + f"/{name}"
 
     async def get_podset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         if self._limiter is not None:
             await self._limiter.wait()
         try:
-            return await kube.get_json(self._api, self._path(namespace, name))
+            return await rest.get_json(self._api, self._path(namespace, name))
         except client.ApiException as error:
             if error.status == 404:
                 return None
@@ -164,7 +165,7 @@ class KubePodSetClient:
         # The object as read, resourceVersion included: a 409 means it changed meanwhile and
         # the sync is retried from a fresher cache.
         try:
-            return await kube.put_json(self._api, path, {**podset, "status": dict(new_status)})
+            return await rest.put_json(self._api, path, {**podset, "status": dict(new_status)})
         except client.ApiException as error:
             if error.status == 409:
                 key = f"{metadata['namespace']}/{metadata['name']}"
@@ -173,7 +174,7 @@ class KubePodSetClient:
 
 
 class KubeEventSink:
-    """:class:`tally.events.EventSink` over the core/v1 events API (client-go's
+    """:class:`tally.machinery.events.EventSink` over the core/v1 events API (client-go's
     ``EventSinkImpl``): POST to create, strategic merge PATCH to count a repeat."""
 
     def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
@@ -187,13 +188,13 @@ class KubeEventSink:
             raw = await self._api.call_api(
                 path,
                 method,
-                query_params=[("fieldManager", kube.FIELD_MANAGER)],
+                query_params=[("fieldManager", rest.FIELD_MANAGER)],
                 body=body,
                 header_params={"Accept": "application/json", "Content-Type": content_type},
                 response_types_map={200: "object", 201: "object"},
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
-                _request_timeout=kube.REQUEST_TIMEOUT_S,
+                _request_timeout=rest.REQUEST_TIMEOUT_S,
             )
         except client.ApiException as error:
             # The server answered: the correlator's sink loop must not retry (upstream's
@@ -203,18 +204,18 @@ class KubeEventSink:
         return events.event_from_json(raw if isinstance(raw, Mapping) else {})
 
     async def create(self, event: events.Event) -> events.Event:
-        path = kube.collection_path("", "v1", "events", event.namespace)
+        path = rest.collection_path("", "v1", "events", event.namespace)
         return await self._call(path, "POST", events.event_to_json(event), "application/json")
 
     async def patch(self, event: events.Event, patch: Mapping[str, Any] | None) -> events.Event:
-        path = kube.collection_path("", "v1", "events", event.namespace) + f"/{event.name}"
+        path = rest.collection_path("", "v1", "events", event.namespace) + f"/{event.name}"
         return await self._call(path, "PATCH", dict(patch or {}), PATCH_CONTENT_TYPE)
 
 
 class KubeEventRecorder:
     """Records Events about PodSets like upstream's ReplicaSet controller: through client-go's
     correlator (aggregation, counting, spam filter) and one background writer
-    (:class:`tally.events.EventBroadcaster`), with source ``tally-podset-controller``."""
+    (:class:`tally.machinery.events.EventBroadcaster`), with source ``tally-podset-controller``."""
 
     def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
         self._broadcaster = events.EventBroadcaster(

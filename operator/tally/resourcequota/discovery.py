@@ -19,7 +19,7 @@ after :meth:`DynamicKinds.poke` (call it when quotas change), it:
 2. resolves each new one through discovery (:class:`Discovery`: ``/api/v1``, or
    ``/apis/<group>`` for the preferred version then ``/apis/<group>/<version>``): it must
    exist, be namespaced, and support list, watch, create and delete;
-3. starts a :class:`~tally.reflector.Reflector` for it, whose informer replenishes quotas on
+3. starts a :class:`~tally.kube.reflector.Reflector` for it, whose informer replenishes quotas on
    deletes; once the first LIST reconciled the store, registers an
    :class:`~tally.evaluators.generic.ObjectCountEvaluator` in the :class:`Registry`, adds the
    store to the controller's ``stores`` and calls ``on_kind_synced(gr)`` (the caller enqueues
@@ -67,13 +67,13 @@ from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.cache import Store
 from tally.charges import ChargeLedger
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, group_resource_for_count_name
-from tally.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
+from tally.kube import rest
+from tally.kube.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
+from tally.machinery.cache import Store
 from tally.resourcequota.replenishment import Replenish, replenisher
 
 logger = logging.getLogger(__name__)
@@ -348,12 +348,12 @@ class KubeEventRecorder:
             "count": 1,
         }
         await self._api.call_api(
-            kube.collection_path("", "v1", "events", namespace),
+            rest.collection_path("", "v1", "events", namespace),
             "POST",
             body=body,
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
             auth_settings=["BearerToken"],
-            _request_timeout=kube.REQUEST_TIMEOUT_S,
+            _request_timeout=rest.REQUEST_TIMEOUT_S,
         )
 
 
@@ -678,7 +678,7 @@ class DynamicKinds:
 
     async def _get_json(self, path: str) -> Obj:
         try:
-            return await kube.get_json(self._api, path)
+            return await rest.get_json(self._api, path)
         except client.ApiException as error:
             raise StatusError(int(error.status or 0), str(error.reason or "")) from error
 

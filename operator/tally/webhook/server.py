@@ -136,7 +136,7 @@ class WebhookServer(kopf.WebhookServer):
         """The context tally built (``context=``), as it is. Kopf would otherwise load
         certificate files into it and restart the whole server whenever they change, closing
         the port for a moment (the API server then refuses requests, failurePolicy Fail);
-        :mod:`tally.webhook_tls` reloads the certificate inside the running context instead."""
+        :mod:`tally.webhook.tls` reloads the certificate inside the running context instead."""
         if self.context is None:
             raise ValueError("tally's webhook server needs its SSL context (context=)")
         return self.cadata, self.context

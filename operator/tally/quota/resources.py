@@ -26,7 +26,7 @@ import builtins
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeAlias
 
-from tally.quantity import ZERO, Quantity, QuantityError, parse_quantity
+from tally.quota.quantity import ZERO, Quantity, QuantityError, parse_quantity
 
 __all__ = [
     "NEGATIVE_USAGE_MESSAGE",

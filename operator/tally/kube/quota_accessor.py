@@ -13,18 +13,30 @@ The informer here is the usage controller's quota store, synced before the webho
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.admission.accessor import UpdatedQuotas
-from tally.cache import Store
 from tally.charges import ChargeLedger, QuotaKey
-from tally.errors import Conflict
-from tally.quantity import Quantity
+from tally.kube import rest
+from tally.machinery.cache import RecentWrites, Store
+from tally.machinery.errors import Conflict
+from tally.quota.quantity import Quantity
 
 Obj = Mapping[str, Any]
+
+
+UPDATED_QUOTAS_SIZE: Final = 100
+"""Upstream's ``lru.New(100)`` for the updated-quotas cache."""
+
+
+class UpdatedQuotas(RecentWrites):
+    """Quotas this process wrote recently, preferred over older cached copies: upstream's
+    ``updatedQuotas`` LRU (``lru.New(100)``) and ``checkCache``, over
+    :class:`tally.machinery.cache.RecentWrites`."""
+
+    def __init__(self, size: int = UPDATED_QUOTAS_SIZE) -> None:
+        super().__init__(size)
 
 
 def _version(quota: Obj) -> int | None:
@@ -82,11 +94,11 @@ class KubeQuotaAccessor:
     async def _put_status(self, quota: Obj) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
         namespace, name = key = _key(quota)
-        path = kube.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
+        path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
         self._writing[key] = self._writing.get(key, 0) + 1
         stored: Obj | None = None
         try:
-            stored = await kube.put_json(self._api, path, quota)
+            stored = await rest.put_json(self._api, path, quota)
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error

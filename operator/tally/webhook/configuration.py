@@ -19,7 +19,7 @@ requests are judged and never written), timeoutSeconds 10 (upstream's own bound 
 evaluation), matchPolicy ``Equivalent``, and a namespaceSelector that exempts ``kube-system``
 and the operator's own namespace (so that tally can always be restarted).
 
-Pure: builds the object; :mod:`tally.handlers` applies it through the API.
+Pure: builds the object; :mod:`tally.app.handlers` applies it through the API.
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 :class:`Runtime` is what the Kopf handlers talk to: ``start`` builds the informers (one per
 tracked kind), LISTs them (the synced point) while the built-in quota probe checks that
-upstream's own quota system is off (:mod:`tally.builtin_quota`), then starts admission and the
-dynamic kinds and prepares the webhook server, and then *leads*: starts the quota controller,
+upstream's own quota system is off (:mod:`tally.builtin_quota.decision`), then starts admission and
+the dynamic kinds and prepares the webhook server, and then *leads*: starts the quota controller,
 the PodSet controller and the webhook registration; ``stop`` undoes it in reverse.
 Event entry points (``on_event``) and the admission entry point (``admit``) are plain
 coroutines, so the Kopf layer stays a few lines of translation.
 
-**Leader election** (``TALLY_LEADER_ELECTION``, :mod:`tally.leaderelection`): every replica
-keeps the caches and serves the webhook (admission's reservations are compare-and-swap writes,
-safe from several replicas; see :mod:`tally.admission.evaluator`); only the Lease holder leads.
-Leading is everything that must happen once: the quota controller's status writes and resync
+**Leader election** (``TALLY_LEADER_ELECTION``, :mod:`tally.machinery.leaderelection`): every
+replica keeps the caches and serves the webhook (admission's reservations are compare-and-swap
+writes, safe from several replicas; see :mod:`tally.admission.evaluator`); only the Lease holder
+leads. Leading is everything that must happen once: the quota controller's status writes and resync
 (two writers would fight; and the PodSet controller's expectations live in one process's
 memory, so two would create pods twice), the webhook configuration's writes (rules follow the
 leader's caches), and the dynamic kinds' Events. A replica that is not leading keeps its queues
@@ -40,27 +40,31 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from tally import builtin_quota, builtin_quota_probe, kube, leaderelection, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
-from tally.cache import Change, ChangeKind, Store
+from tally.app.metrics import Metrics
+from tally.app.settings import Settings
+from tally.builtin_quota import decision as builtin_quota
+from tally.builtin_quota import probe as builtin_quota_probe
 from tally.charges import ChargeLedger
-from tally.discovery import DynamicKinds
 from tally.evaluators.base import GroupResource, object_count_resource_name
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
-from tally.informers import Informer
-from tally.lease_lock import KubeLeaseLock
-from tally.metrics import Metrics
+from tally.kube import rest
+from tally.kube.lease_lock import KubeLeaseLock
+from tally.kube.quota_accessor import KubeQuotaAccessor
+from tally.machinery import leaderelection
+from tally.machinery.cache import Change, ChangeKind, Store
+from tally.machinery.informers import Informer
+from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
-from tally.quota_accessor import KubeQuotaAccessor
-from tally.registrar import WebhookRegistrar
 from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
+from tally.resourcequota.discovery import DynamicKinds
 from tally.resourcequota.replenishment import replenisher
-from tally.settings import Settings
-from tally.webhook import DEFAULT_EXEMPT_NAMESPACES
-from tally.webhook_tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
+from tally.webhook.configuration import DEFAULT_EXEMPT_NAMESPACES
+from tally.webhook.registrar import WebhookRegistrar
+from tally.webhook.tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +205,7 @@ class Runtime:
         async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
             try:
                 for namespace in namespaces:
-                    async for page in kube.list_pages(
+                    async for page in rest.list_pages(
                         self.api, gr.group, version, gr.resource, namespace=namespace
                     ):
                         yield page
@@ -270,7 +274,7 @@ class Runtime:
         """Sync the caches and check for the built-in quota system (at the same time), then
         start admission, prepare the webhook, and lead (at once, or once the lease is held).
 
-        Raises :class:`~tally.builtin_quota.BuiltinQuotaActive` (nothing started, nothing
+        Raises :class:`~tally.builtin_quota.decision.BuiltinQuotaActive` (nothing started, nothing
         registered) when upstream's quota system is on and ``TALLY_ALLOW_BUILTIN_QUOTA`` is
         not set.
         """
@@ -448,7 +452,8 @@ class Runtime:
         podset_view.finish()
 
     async def _check_builtin_quota(self) -> None:
-        """Refuse to enforce beside upstream's own quota system (see :mod:`tally.builtin_quota`)."""
+        """Refuse to enforce beside upstream's own quota system (see
+        :mod:`tally.builtin_quota.decision`)."""
         namespace = builtin_quota.probe_namespace(self.settings.namespace)
         result = await builtin_quota_probe.probe(self.api, namespace)
         decision = builtin_quota.decide(result, allowed=self.settings.allow_builtin_quota)

@@ -7,7 +7,7 @@ changes, and — in local development only — removed on a graceful exit, so th
 operator does not leave a dead fail-closed webhook behind.
 In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
 Its caBundle follows the serving certificate (:meth:`WebhookRegistrar.set_ca_bundle`, called
-by :mod:`tally.webhook_tls` when a CA joins or leaves).
+by :mod:`tally.webhook.tls` when a CA joins or leaves).
 
 It also answers which kinds admission charges on creation *now*
 (:meth:`WebhookRegistrar.charges_creations`): the quota controller recalculates on creations
@@ -28,9 +28,9 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally import kube
 from tally.evaluators.base import Evaluator, GroupResource
-from tally.webhook import (
+from tally.kube import rest
+from tally.webhook.configuration import (
     CORE_RESOURCES,
     ServiceReference,
     count_resources,
@@ -55,7 +55,8 @@ _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
 class WebhookRegistrar:
-    """Applies the configuration built by :func:`tally.webhook.validating_webhook_configuration`."""
+    """Applies the configuration built by
+    :func:`tally.webhook.configuration.validating_webhook_configuration`."""
 
     def __init__(
         self,
@@ -77,7 +78,7 @@ class WebhookRegistrar:
         a name the serving certificate holds, to check that the server answers (default: the
         listen address, which a wildcard listen address like ``0.0.0.0`` is not).
         ``evaluators``: the registered evaluators, whose names in a quota also call for rules
-        on their kinds (:func:`~tally.webhook.count_resources`)."""
+        on their kinds (:func:`~tally.webhook.configuration.count_resources`)."""
         self._api = api
         self.name = name
         self._url = url
@@ -174,7 +175,7 @@ class WebhookRegistrar:
         extra = count_resources(self._quotas(), self._evaluators())
         body = self.body(extra)
         try:
-            current = await kube.get_json(self._api, f"{PATH}/{self.name}")
+            current = await rest.get_json(self._api, f"{PATH}/{self.name}")
         except client.ApiException as error:
             if error.status != 404:
                 raise
@@ -184,11 +185,11 @@ class WebhookRegistrar:
                 body=body,
                 header_params={"Content-Type": "application/json"},
                 auth_settings=["BearerToken"],
-                _request_timeout=kube.REQUEST_TIMEOUT_S,
+                _request_timeout=rest.REQUEST_TIMEOUT_S,
             )
         else:
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            await kube.put_json(self._api, f"{PATH}/{self.name}", body)
+            await rest.put_json(self._api, f"{PATH}/{self.name}", body)
         self._applied = extra
         now = self._clock()
         covered = CHARGED_CORE_KINDS | extra
@@ -236,7 +237,7 @@ class WebhookRegistrar:
                     f"{PATH}/{self.name}",
                     "DELETE",
                     auth_settings=["BearerToken"],
-                    _request_timeout=kube.REQUEST_TIMEOUT_S,
+                    _request_timeout=rest.REQUEST_TIMEOUT_S,
                 )
             logger.info("webhook %s removed", self.name)
 

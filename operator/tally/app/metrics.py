@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from tally.quantity import Quantity
+from tally.quota.quantity import Quantity
 from tally.resourcequota.controller import QuotaKey
 from tally.workqueue import PrometheusMetricsProvider
 

@@ -1,6 +1,6 @@
 """The start-up probe for the cluster's own quota system: a probe quota, watched and dry-run.
 
-:mod:`tally.builtin_quota` says what the observations mean and what tally does; this module
+:mod:`tally.builtin_quota.decision` says what the observations mean and what tally does; this module
 makes them, in a namespace tally's webhook exempts (``TALLY_NAMESPACE``, else ``kube-system``),
 so that no tally webhook — an earlier run's left registered, dead or alive — stands between
 the probe and the built-in plugin:
@@ -47,8 +47,7 @@ from typing import Any, Final
 import aiohttp
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.builtin_quota import (
+from tally.builtin_quota.decision import (
     DRY_RUN_NAME,
     PROBE_LABELS,
     PROBE_NAME,
@@ -61,6 +60,7 @@ from tally.builtin_quota import (
     foreign_status_writers,
     has_status_hard,
 )
+from tally.kube import rest
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class _Probe:
         self.namespace = namespace
         self._controller_wait = controller_wait
         self._loop = asyncio.get_running_loop()
-        self._path = kube.collection_path("", "v1", PROBE_RESOURCE, namespace)
+        self._path = rest.collection_path("", "v1", PROBE_RESOURCE, namespace)
         self.uid = ""
         self.admission: Finding | None = None
         self.controller: Finding | None = None
@@ -231,7 +231,7 @@ class _Probe:
                 observed = True
                 if self._status_set_at is None and has_status_hard(answer.body):
                     self._status_set_at = now
-                writers = foreign_status_writers(answer.body, kube.FIELD_MANAGER)
+                writers = foreign_status_writers(answer.body, rest.FIELD_MANAGER)
             else:
                 error = f"HTTP {answer.status} {answer.message}"
             if writers or now >= deadline:
@@ -293,7 +293,7 @@ class _Probe:
         dry_run: bool = False,
     ) -> _Answer:
         """One request; every failure comes back as an answer, never as an exception."""
-        query = [("fieldManager", kube.FIELD_MANAGER)] if method in ("POST", "PUT") else []
+        query = [("fieldManager", rest.FIELD_MANAGER)] if method in ("POST", "PUT") else []
         if dry_run:
             query.append(("dryRun", "All"))
         try:

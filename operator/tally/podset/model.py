@@ -76,7 +76,7 @@ class LabelSelector(BaseModel):
     """``metav1.LabelSelector``: ``matchLabels`` and ``matchExpressions``, ANDed.
 
     The CRD defaults both to empty, so the API server always sends them; parse and match with
-    :func:`tally.selectors.parse_label_selector` on ``model_dump(by_alias=True)``.
+    :func:`tally.machinery.selectors.parse_label_selector` on ``model_dump(by_alias=True)``.
     """
 
     model_config = ConfigDict(

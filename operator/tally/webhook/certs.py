@@ -30,7 +30,7 @@ usable (expired, missing a name tally is reached by, signed by no CA in the bund
 replaced at once, whatever the overlap: there is nothing left to protect.
 
 Left out: revocation (the API server checks no CRL for webhooks), client identities (mutual TLS
-is the server's SSL context, :mod:`tally.webhook_tls`), and RSA for what tally makes: P-256
+is the server's SSL context, :mod:`tally.webhook.tls`), and RSA for what tally makes: P-256
 keys are accepted everywhere and take about a millisecond to make, so renewing inside the event
 loop blocks nothing (a stored RSA or Ed25519 CA key is used as found).
 """

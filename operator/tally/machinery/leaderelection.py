@@ -9,7 +9,7 @@ is client-go's ``LeaderElector`` (``leaderelection.go``, v0.37.1) in two parts:
   release). Tested with plain records and a stepped clock (``tests/unit/test_leaderelection.py``,
   the cases of client-go's ``TestTryAcquireOrRenew`` / ``TestReleaseLease``).
 * :class:`LeaderElector` — the loops (acquire, renew, release) over a :class:`Lock`, the few
-  reads and writes of one Lease (:mod:`tally.lease_lock` does them through the API, with the
+  reads and writes of one Lease (:mod:`tally.kube.lease_lock` does them through the API, with the
   resourceVersion read: optimistic concurrency, so two candidates never both win one write).
 
 How client-go decides, and so this module (``tryAcquireOrRenew``):
@@ -40,7 +40,7 @@ Where tally differs from client-go, on purpose:
 * :meth:`LeaderElector.release` writes only over a record that still names this candidate
   (client-go checks its own last observation only).
 * No coordinated election (``tryCoordinatedRenew``), no events on the Lease, no healthz
-  adaptor: tally's leader stops itself when it loses (see :mod:`tally.runtime`).
+  adaptor: tally's leader stops itself when it loses (see :mod:`tally.app.runtime`).
 
 Fencing is out of reach here as upstream: a leader that stalls (a frozen process, a network
 partition) may still have writes in flight when another takes over. tally's writes are

@@ -25,7 +25,7 @@ Failures, and what each costs:
 * **403, 404, 405** (RBAC forbids it, the resource is gone — a deleted CRD —, or it cannot be
   listed/watched): no retry will fix that here. The reflector reports the :class:`StatusError`
   through ``on_failure`` and stops; whoever started it decides what next
-  (:mod:`tally.discovery` drops the kind and tells the quotas naming it).
+  (:mod:`tally.resourcequota.discovery` drops the kind and tells the quotas naming it).
 
 A (re)start always begins with a LIST, so a reflector stopped and started again converges like
 a fresh one.
@@ -57,9 +57,9 @@ from typing import Any, Final, Literal, Protocol
 import aiohttp
 from kubernetes_asyncio import client
 
-from tally import kube
-from tally.cache import Store
-from tally.informers import Informer
+from tally.kube import rest
+from tally.machinery.cache import Store
+from tally.machinery.informers import Informer
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ silent for its whole life (bookmarks come about once a minute, not reliably), so
 that overran its own deadline is taken for dead."""
 CONNECT_TIMEOUT_S: Final = 10.0
 PAGE_SIZE: Final = 500
-"""Objects per LIST page (as ``kube.list_objects``): one page is all either side holds."""
+"""Objects per LIST page (as ``rest.list_objects``): one page is all either side holds."""
 
 FATAL_STATUSES: Final = frozenset({403, 404, 405})
 """Forbidden (RBAC), Not Found (resource or group gone), Method Not Allowed (no list/watch)."""
@@ -370,14 +370,14 @@ class KubeListWatch:
     def __init__(self, api: client.ApiClient, resource: ResourceRef) -> None:
         self._api = api
         self.resource = resource
-        self._path = kube.collection_path(resource.group, resource.version, resource.plural)
+        self._path = rest.collection_path(resource.group, resource.version, resource.plural)
 
     async def list_page(self, continue_token: str, limit: int) -> Obj:
         query = [("limit", str(limit))]
         if continue_token:
             query.append(("continue", continue_token))
         try:
-            return await kube.get_json(self._api, self._path, query)
+            return await rest.get_json(self._api, self._path, query)
         except client.ApiException as error:
             raise _status_error(error) from error
 

@@ -1,14 +1,15 @@
 """Kopf wiring: registers tally's handlers and translates Kopf's callbacks into calls on
-:class:`tally.runtime.Runtime`. Nothing here decides anything about quota.
+:class:`tally.app.runtime.Runtime`. Nothing here decides anything about quota.
 
 * ``@kopf.on.event`` on ResourceQuotas and every core quota-tracked kind feeds the informers.
   These handlers return None, so Kopf writes nothing onto objects tally does not own.
 * ``@kopf.on.validate`` (id ``quota``) serves quota admission for every resource the
-  registered webhook configuration sends (the rules decide which; see :mod:`tally.webhook`).
+  registered webhook configuration sends (the rules decide which; see
+  :mod:`tally.webhook.configuration`).
 * Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
   controller and admission workers running. When the runtime sees upstream's own quota system
-  on (:mod:`tally.builtin_quota`), the handler raises ``kopf.PermanentError``: Kopf logs the
-  message and the process exits with status 1, having started and registered nothing.
+  on (:mod:`tally.builtin_quota.decision`), the handler raises ``kopf.PermanentError``: Kopf logs
+  the message and the process exits with status 1, having started and registered nothing.
   Kopf starts its watches and its webhook server only after the start-up handlers finished,
   so no event is lost between the LIST and the watch (Kopf's own initial listing replays
   everything; replays are dropped by resourceVersion) and no admission request is judged on an
@@ -31,16 +32,17 @@ from typing import Any
 
 import kopf
 
-from tally import kube, podset_client
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
-from tally.admission_review import WebhookServer, attributes_from_review, review_response
-from tally.builtin_quota import BuiltinQuotaActive
+from tally.app.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
+from tally.app.settings import Settings, SettingsError
+from tally.builtin_quota.decision import BuiltinQuotaActive
 from tally.evaluators.base import GroupResource
+from tally.kube import rest
+from tally.podset import client as podset_client
 from tally.podset import validation
-from tally.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
-from tally.settings import Settings, SettingsError
-from tally.webhook import PODSET_WEBHOOK_ID, QUOTA_WEBHOOK_ID
+from tally.webhook.configuration import PODSET_WEBHOOK_ID, QUOTA_WEBHOOK_ID
+from tally.webhook.server import WebhookServer, attributes_from_review, review_response
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # No Kopf peering: peering is not leader election (no lease, no fencing, and paused peers
     # would still serve webhooks). Which replica runs the controllers is tally's own Lease
-    # (TALLY_LEADER_ELECTION, tally.leaderelection); Kopf watches on every replica.
+    # (TALLY_LEADER_ELECTION, tally.machinery.leaderelection); Kopf watches on every replica.
     settings.peering.standalone = True
     # Kopf's own per-handler events would be posted onto objects tally does not own.
     settings.posting.enabled = False
@@ -99,9 +101,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         config = Settings.from_env()
     except SettingsError as error:
         raise kopf.PermanentError(str(error)) from None
-    api = await kube.make_api_client()
+    api = await rest.make_api_client()
     memo.api = api
-    memo.apiserver_version = await kube.server_version(api)
+    memo.apiserver_version = await rest.server_version(api)
     logger.info("connected to the API server, version %s", memo.apiserver_version)
 
     runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
@@ -127,7 +129,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             addr=config.webhook_addr,
             port=config.webhook_port,
             host=config.webhook_host or config.webhook_addr,
-            # tally's context: tally.webhook_tls reloads the certificate in it while serving.
+            # tally's context: tally.webhook.tls reloads the certificate in it while serving.
             context=runtime.tls.context,
             cadata=runtime.tls.ca_bundle,
         )

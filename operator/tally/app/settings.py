@@ -16,9 +16,13 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tally import leaderelection
-from tally.certs import Policy
-from tally.webhook import DEFAULT_EXEMPT_NAMESPACES, ServiceReference, parse_service_reference
+from tally.machinery import leaderelection
+from tally.webhook.certs import Policy
+from tally.webhook.configuration import (
+    DEFAULT_EXEMPT_NAMESPACES,
+    ServiceReference,
+    parse_service_reference,
+)
 
 ENV_PREFIX: Final = "TALLY_"
 _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -129,12 +133,12 @@ class Settings(BaseModel):
     allow_builtin_quota: bool = False
     """``TALLY_ALLOW_BUILTIN_QUOTA``: start even when the start-up probe sees upstream's own
     quota admission plugin or controller on (logged as a warning). Off: tally refuses to start
-    then (see :mod:`tally.builtin_quota`)."""
+    then (see :mod:`tally.builtin_quota.decision`)."""
     leader_election: bool = False
     """``TALLY_LEADER_ELECTION``: run the controllers (quota usage, PodSet, the webhook
     configuration's writes) only while holding a Lease, so that several replicas can run;
-    the webhook serves on every replica either way (:mod:`tally.leaderelection`). Off: this
-    process runs everything (local development, the e2e tests, one replica)."""
+    the webhook serves on every replica either way (:mod:`tally.machinery.leaderelection`). Off:
+    this process runs everything (local development, the e2e tests, one replica)."""
     leader_election_lease: str = Field(default="tally", min_length=1, max_length=253)
     """``TALLY_LEADER_ELECTION_LEASE``: the Lease's name."""
     leader_election_namespace: str = ""

@@ -13,8 +13,8 @@ what Kopf does not give a plain event handler:
   first sync, the informer schedules a LIST of its own and reconciles the store against it
   (``Store.replace`` drops what the list lacks). Re-lists are debounced and spaced out.
 
-Handlers receive :class:`tally.cache.Change` values: ``old is None`` for an add, ``new is None``
-for a delete, both set for an update. They must be quick and must not await.
+Handlers receive :class:`tally.machinery.cache.Change` values: ``old is None`` for an add, ``new is
+None`` for a delete, both set for an update. They must be quick and must not await.
 
 No Kopf import here: the lister is an async generator function (one item per LIST page) passed
 in, so the logic is testable with plain data.
@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
-from tally.cache import Change, Replacement, Store
+from tally.machinery.cache import Change, Replacement, Store
 
 logger = logging.getLogger(__name__)
 

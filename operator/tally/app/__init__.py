@@ -1,0 +1,9 @@
+"""The Kopf wiring and the composition root: the top layer, and the only package that imports
+``kopf``.
+
+Owns :mod:`~tally.app.handlers` (Kopf's ``on.event`` feeds, start-up and clean-up, the liveness
+probe), :mod:`~tally.app.runtime` (builds and owns everything one process runs, in start
+order), :mod:`~tally.app.settings` (``TALLY_*`` environment variables, validated once) and
+:mod:`~tally.app.metrics` (the Prometheus registry and ``/metrics``). Decides nothing about
+quota: it wires the packages below it, which it may all import.
+"""

@@ -1,0 +1,10 @@
+"""Pure ports of client-go and apimachinery: the pieces controllers are built from.
+
+Owns :mod:`~tally.machinery.cache` (stores of projections, the synced point, recent writes),
+:mod:`~tally.machinery.informers` (a store kept true from events and LISTs),
+:mod:`~tally.machinery.events` (client-go's event recorder and correlator),
+:mod:`~tally.machinery.leaderelection` (client-go's leader elector over a lock protocol),
+:mod:`~tally.machinery.selectors` (label selectors) and :mod:`~tally.machinery.errors`
+(apimachinery's conflict). Bottom layer: imports no Kopf, no API client, no HTTP library and
+nothing else of tally but its siblings; everything runs with plain data and an injectable clock.
+"""

@@ -1,0 +1,10 @@
+"""Serving tally's admission webhooks and keeping the API server pointed at them.
+
+Owns :mod:`~tally.webhook.server` (AdmissionReview in, verdict out),
+:mod:`~tally.webhook.configuration` (the ValidatingWebhookConfiguration: rules, paths, the
+namespaceSelector), :mod:`~tally.webhook.registrar` (applies it and keeps it current),
+:mod:`~tally.webhook.certs` (making and judging certificates; pure) and
+:mod:`~tally.webhook.tls` (the serving certificate's life: Secret, mounted files or memory,
+renewal, reload without closing the port). Sits above the controllers (it hands requests to
+:mod:`tally.admission`) and below the wiring.
+"""
