@@ -42,6 +42,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: $(INSTALLED)
 	$(VENV)/bin/ruff check --fix .

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import kopf
 import pytest
 
@@ -28,43 +26,3 @@ def test_the_diff_base_builds_nothing_and_refuses_to_store() -> None:
     assert storage.fetch(body=body) is None
     with pytest.raises(RuntimeError, match="no change handlers"):
         storage.store(body=body, patch=kopf.Patch(), essence=kopf.BodyEssence())
-
-
-def _record(message: str, *, exc_info: bool = False) -> logging.LogRecord:
-    error = ValueError("boom")
-    return logging.LogRecord(
-        "kopf.objects", logging.ERROR, __file__, 1, message, None,
-        (type(error), error, None) if exc_info else None,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("message", "exc_info", "kept"),
-    [
-        pytest.param(
-            "Webhook 'quota' failed permanently: exceeded quota: q, requested: pods=1, "
-            "used: pods=5, limited: pods=5",
-            False, False, id="quota-refusal",
-        ),
-        pytest.param(
-            "Webhook 'validate-podsets' failed permanently: PodSet.tally.dev \"web\" is invalid: …",
-            False, False, id="podset-refusal",
-        ),
-        pytest.param(
-            "Webhook 'quota' failed with an exception and will stop now: boom",
-            True, True, id="unexpected-exception",
-        ),
-        pytest.param(
-            "Webhook 'other' failed permanently: not ours", False, True, id="another-webhook",
-        ),
-        pytest.param(
-            "Handler 'cache-pods' failed permanently: x", False, True, id="an-event-handler",
-        ),
-    ],
-)  # fmt: skip
-def test_only_tallys_deliberate_refusals_leave_kopfs_log(
-    message: str, exc_info: bool, kept: bool
-) -> None:
-    # Kopf logs every kopf.AdmissionError at ERROR: one line per create a full namespace
-    # refuses. Those lines go; everything else Kopf logs about handlers stays.
-    assert kept is handlers._RefusalsFilter().filter(_record(message, exc_info=exc_info))

@@ -3,46 +3,39 @@
 
 * ``@kopf.on.event`` on ResourceQuotas and every core quota-tracked kind feeds the informers.
   These handlers return None, so Kopf writes nothing onto objects tally does not own.
-* ``@kopf.on.validate`` (id ``quota``) serves quota admission for every resource the
-  registered webhook configuration sends (the rules decide which; see
-  :mod:`tally.webhook.configuration`).
+* Admission is not Kopf's: the runtime serves tally's webhooks from its own server
+  (:mod:`tally.webhook.server`, which says why) once the caches are synced.
 * Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
   controller and admission workers running. When the runtime sees upstream's own quota system
   on (:mod:`tally.builtin_quota.decision`), the handler raises ``kopf.PermanentError``: Kopf logs
   the message and the process exits with status 1, having started and registered nothing.
-  Kopf starts its watches and its webhook server only after the start-up handlers finished,
-  so no event is lost between the LIST and the watch (Kopf's own initial listing replays
-  everything; replays are dropped by resourceVersion) and no admission request is judged on an
-  unsynced cache.
+  Kopf starts its watches only after the start-up handlers finished, so no event is lost
+  between the LIST and the watch (Kopf's own initial listing replays everything; replays are
+  dropped by resourceVersion).
 * With leader election on, a replica that loses the lease stops its controllers at once and
-  then stops the process the way a SIGTERM does (Kopf's graceful stop: the webhook server and
-  watches end, then the cleanup handler); in a pod the kubelet restarts it as a candidate.
+  then stops the process the way a SIGTERM does (Kopf's graceful stop: the watches end, then
+  the cleanup handler stops the runtime, its webhook server first); in a pod the kubelet
+  restarts it as a candidate.
 * The liveness probe reports the API server version reached at start-up. It does no I/O: an API
   server outage must not make the kubelet restart tally, which would not help.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import kopf
 
-from tally.admission.attributes import Attributes
-from tally.admission.errors import AdmissionDenied
 from tally.app.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
 from tally.app.settings import Settings, SettingsError
 from tally.builtin_quota.decision import BuiltinQuotaActive
 from tally.evaluators.base import GroupResource
 from tally.kube import rest
 from tally.podset import client as podset_client
-from tally.podset import validation
-from tally.webhook.configuration import PODSET_WEBHOOK_ID, QUOTA_WEBHOOK_ID
-from tally.webhook.server import WebhookServer, attributes_from_review, review_response
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +80,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise
-    # (and cost). Failures still log at ERROR, except tally's own refusals (below).
-    objects = logging.getLogger("kopf.objects")
-    objects.setLevel(logging.WARNING)
-    if not any(isinstance(f, _RefusalsFilter) for f in objects.filters):
-        objects.addFilter(_RefusalsFilter())
-    # aiohttp's access log would print a line for every admission review the webhook answers
-    # (3.5% of tally's CPU under bench/admission.py, and a busy cluster's log filled with pod
-    # creates); upstream's admission plugin logs none. Kept with `kopf run --verbose`.
-    if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # (and cost). Failures still log at ERROR.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         config = Settings.from_env()
     except SettingsError as error:
@@ -115,58 +100,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         await api.close()
         raise kopf.PermanentError(str(refused)) from None
     memo.runtime = runtime
-    if runtime.tls is not None:
-        # Kopf reads this after the start-up handlers and only then starts serving.
-        async def quota_fallback(review: dict[str, Any]) -> dict[str, Any]:
-            try:
-                await runtime.admit(attributes_from_review(review))
-            except AdmissionDenied as denied:
-                return review_response(review, False, denied.message, denied.code)
-            return review_response(review, True)
-
-        settings.admission.server = WebhookServer(
-            fallbacks={QUOTA_WEBHOOK_ID: quota_fallback},
-            addr=config.webhook_addr,
-            port=config.webhook_port,
-            host=config.webhook_host or config.webhook_addr,
-            # tally's context: tally.webhook.tls reloads the certificate in it while serving.
-            context=runtime.tls.context,
-            cadata=runtime.tls.ca_bundle,
-        )
-    else:
-        # TALLY_WEBHOOK_ENABLED=false: Kopf refuses to run at all while validate handlers
-        # exist and no server is configured.
-        settings.admission.server = _NoWebhookServer()
-
-
-class _NoWebhookServer:
-    """A webhook "server" that never listens and never yields a client configuration: Kopf
-    then waits on it forever, as it would with none, and nothing is registered."""
-
-    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        await asyncio.Event().wait()
-        nothing: tuple[kopf.WebhookClientConfig, ...] = ()
-        for config in nothing:  # an async generator that yields nothing
-            yield config
-
-
-class _RefusalsFilter(logging.Filter):
-    """Drops Kopf's ERROR line for each request tally's webhooks refuse on purpose.
-
-    Kopf logs every ``kopf.AdmissionError`` as ``Webhook 'quota' failed permanently: …`` at
-    ERROR: an ERROR line for each create a full namespace refuses, which is quota working, not
-    failing (upstream's plugin logs none). The handlers log what deserves it themselves
-    (:func:`validate_quota`: admission failures other than a 403). Only these exact lines go:
-    an unexpected exception in a handler is logged by Kopf with its traceback, untouched.
-    """
-
-    PREFIXES = tuple(
-        f"Webhook {webhook!r} failed permanently: " for webhook in (QUOTA_WEBHOOK_ID,
-                                                                   PODSET_WEBHOOK_ID)
-    )  # fmt: skip
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.exc_info is not None or not record.getMessage().startswith(self.PREFIXES)
 
 
 def _stop_this_process() -> None:
@@ -202,70 +135,6 @@ for _gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
 kopf.on.event(PODSETS.group, podset_client.VERSION, PODSETS.resource, id="cache-podsets")(
     _feed(PODSETS)
 )
-
-
-@kopf.on.validate(
-    kopf.EVERYTHING, id=QUOTA_WEBHOOK_ID, operations=["CREATE", "UPDATE"], subresource="*"
-)
-async def validate_quota(
-    *,
-    memo: kopf.Memo,
-    resource: kopf.Resource,
-    namespace: str | None,
-    name: str,
-    subresource: str | None,
-    dryrun: bool,
-    **kwargs: Any,
-) -> None:
-    """Quota admission for one request: translate, evaluate, turn a denial into Kopf's."""
-    runtime: Runtime | None = memo.get("runtime")
-    if runtime is None:
-        # Kopf serves webhooks only after start-up, so this is a broken invariant: refuse
-        # rather than allow something a quota would deny.
-        logger.error("quota admission called before tally started; refused")
-        raise kopf.AdmissionError("tally is not started", code=500)
-    attributes = Attributes(
-        namespace=namespace or "",
-        name=name or "",
-        group_resource=GroupResource(resource.group, resource.plural),
-        subresource=subresource or "",
-        operation=str(kwargs.get("operation") or ""),
-        obj=_raw(kwargs.get("new")),
-        old_obj=_raw(kwargs.get("old")),
-        dry_run=dryrun,
-    )
-    try:
-        await runtime.admit(attributes)
-    except AdmissionDenied as denied:
-        if denied.code != 403:
-            # Not a quota saying no (403) but admission failing to decide: a timeout, writes
-            # that kept conflicting, an object or quota it cannot read. Kopf's own line for
-            # it is filtered (_RefusalsFilter).
-            logger.warning(
-                "quota admission refused %s %s %s/%s with %d: %s",
-                attributes.operation, attributes.group_resource, namespace, name, denied.code,
-                denied.message,
-            )  # fmt: skip
-        raise kopf.AdmissionError(denied.message, code=denied.code) from None
-
-
-@kopf.on.validate(
-    PODSETS.group,
-    podset_client.VERSION,
-    PODSETS.resource,
-    id=PODSET_WEBHOOK_ID,
-    operations=["CREATE", "UPDATE"],
-)
-async def validate_podset(*, name: str, body: kopf.Body, **kwargs: Any) -> None:
-    """PodSet validation (apps/v1 ReplicaSet rules): 422 with the API server's own wording."""
-    errors = validation.validate_podset(dict(body), _raw(kwargs.get("old")))
-    if errors:
-        raise kopf.AdmissionError(validation.invalid_message(name, errors), code=422)
-
-
-def _raw(body: kopf.Body | None) -> dict[str, Any] | None:
-    """The raw JSON behind Kopf's read-only view (evaluators read plain mappings)."""
-    return None if body is None else dict(body)
 
 
 @kopf.on.probe(id="apiserver")

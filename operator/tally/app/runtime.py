@@ -62,8 +62,13 @@ from tally.podset.controller import PodSetController, pod_view
 from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
 from tally.resourcequota.discovery import DynamicKinds
 from tally.resourcequota.replenishment import replenisher
-from tally.webhook.configuration import DEFAULT_EXEMPT_NAMESPACES
+from tally.webhook.configuration import (
+    DEFAULT_EXEMPT_NAMESPACES,
+    PODSET_WEBHOOK_ID,
+    QUOTA_WEBHOOK_ID,
+)
 from tally.webhook.registrar import WebhookRegistrar
+from tally.webhook.server import WebhookServer, podset_review, quota_review
 from tally.webhook.tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
 
 logger = logging.getLogger(__name__)
@@ -188,6 +193,7 @@ class Runtime:
         )
         self.tls: ServingTLS | None = None
         self.registrar: WebhookRegistrar | None = None
+        self.webhook_server: WebhookServer | None = None
         self.elector: leaderelection.LeaderElector | None = None
         self._controllers_stopped = False
         self.leading = False
@@ -324,6 +330,15 @@ class Runtime:
             # only where the registrar registered it, the leader; elsewhere it keeps the
             # bundle for the day this replica leads.
             self.tls.start(publish=self.registrar.set_ca_bundle)
+            # Every replica serves, from synced caches (the LISTs above are the synced point).
+            self.webhook_server = WebhookServer(
+                {QUOTA_WEBHOOK_ID: quota_review(self.admit), PODSET_WEBHOOK_ID: podset_review},
+                addr=settings.webhook_addr,
+                port=settings.webhook_port,
+                context=self.tls.context,
+                access_log=logger.isEnabledFor(logging.DEBUG),
+            )
+            await self.webhook_server.start()
         if settings.leader_election:
             # Controllers start once the lease is held; until then this replica only serves
             # its webhook (from caches kept current) and waits its turn.
@@ -477,6 +492,9 @@ class Runtime:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
 
     async def stop(self) -> None:
+        # No new review from here; those in progress finish while admission still runs.
+        if self.webhook_server is not None:
+            await self.webhook_server.stop()
         if self.tls is not None:
             await self.tls.stop()
         # The lease guards the controllers and the registration: release it only once they

@@ -1,37 +1,40 @@
-"""The AdmissionReview boundary: what a request to tally's webhook must look like.
+"""tally's admission webhook server: AdmissionReview in, verdict out, on its own aiohttp app.
 
-Kopf's webhook server turns only malformed JSON into a 400; a body that is not UTF-8, or JSON
-that is not an AdmissionReview, escapes its handler as a TypeError/KeyError and aiohttp answers
-an opaque "500 Server got itself in trouble". tally's server checks the envelope first, with a
-pydantic model of exactly the fields Kopf and tally read, and answers 400 naming what is wrong.
-A request refused here is never allowed: the API server applies the failure policy (Fail).
+Why not Kopf's webhook server: Kopf's public API cannot reload a certificate without
+restarting the server (closing the port: the API server then refuses requests under
+failurePolicy Fail), has no place for the API server's client CA (mutual TLS), deep-copies
+every reviewed object to build an empty patch, and answers 404 for a resource its own CRD
+watch has not seen yet (a ``count/`` resource a quota names right after its CRD appeared). Kopf
+stays what tally is built on: the watches, start-up and clean-up, and probes.
 
-What is left to Kopf and tally: the object itself (``object``/``oldObject`` stay free-form;
-evaluators report what they cannot read), and the decision.
+The envelope is checked first, with a pydantic model of exactly the fields tally reads
+(:func:`parse_review`): a body that is not UTF-8, not JSON or not an AdmissionReview gets a
+400 naming what is wrong, never an allow (the API server applies the failure policy). The
+object itself (``object``/``oldObject``) stays free-form: the evaluators report what they
+cannot read. One translation to quota admission's :class:`Attributes`
+(:func:`attributes_from_review`).
+
+Routes: ``POST /<webhook id>`` for each handler (``/quota``, ``/validate-podsets``: the paths
+:mod:`tally.webhook.configuration` registers); any other path is a 404.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal
 
 import aiohttp.web
-import kopf
-
-# Kopf's webhook errors are not exported; its own ``_serve`` maps them to HTTP statuses, which
-# this module's ``_serve`` does in its place (Kopf is pinned: pyproject.toml).
-from kopf._cogs.structs import reviews
-from kopf._core.engines.admission import (
-    AmbiguousResourceError,
-    UnknownResourceError,
-    WebhookError,
-)
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tally.admission.attributes import Attributes
+from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource
+from tally.podset import validation
+
+logger = logging.getLogger(__name__)
 
 
 class _Envelope(BaseModel):
@@ -87,14 +90,12 @@ def parse_review(body: bytes) -> dict[str, Any]:
     return dict(data)
 
 
-Fallback = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""Answers a whole AdmissionReview (returns the response review)."""
-
-
 def review_response(
     review: Mapping[str, Any], allowed: bool, message: str = "", code: int = 0
 ) -> dict[str, Any]:
-    """An AdmissionReview response for ``review``, shaped as Kopf shapes its own."""
+    """An AdmissionReview response for ``review``; a refusal carries ``status.code`` (403
+    unless given) and ``status.message``, which the API server shows after ``admission
+    webhook "<name>" denied the request: ``."""
     response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": allowed}
     if not allowed:
         response["status"] = {"message": message, "code": code or 403}
@@ -117,56 +118,129 @@ def attributes_from_review(review: Mapping[str, Any]) -> Attributes:
     )
 
 
-class WebhookServer(kopf.WebhookServer):
-    """Kopf's webhook server, with the AdmissionReview checked before Kopf sees it, serving
-    with tally's own SSL context (see :meth:`_build_ssl`).
+ReviewHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""Answers one checked AdmissionReview (``parse_review``'s result) with the response review."""
 
-    ``fallbacks`` answer a handler id themselves when Kopf does not know the request's
-    resource yet (404). That happens for a custom resource a quota names right after its CRD
-    appeared: tally widens its webhook rules at once, while Kopf learns about the resource only
-    from its own CRD watch, which can lag. Failing closed there would refuse creates that a
-    quota allows.
+SHUTDOWN_TIMEOUT_S: Final = 10.0
+"""How long a stopping server lets requests in progress finish (quota admission answers within
+its own 9.5 s timeout)."""
+
+
+class WebhookServer:
+    """tally's admission endpoints on tally's own aiohttp application: ``POST /<webhook id>``
+    for each handler, over TLS with the :class:`ssl.SSLContext` it is given.
+
+    The context is the one :mod:`tally.webhook.tls` keeps: a renewed certificate is loaded into
+    it while the server runs, so the port never closes; it requires the API server's client
+    certificate when mutual TLS is configured. Start once the caches are synced (no request may
+    be judged on an unsynced cache); stop before the admission workers.
     """
 
-    def __init__(self, *, fallbacks: Mapping[str, Fallback] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fallbacks = dict(fallbacks or {})
+    def __init__(
+        self,
+        handlers: Mapping[str, ReviewHandler],
+        *,
+        addr: str,
+        port: int,
+        context: ssl.SSLContext,
+        access_log: bool = False,
+    ) -> None:
+        """``access_log``: a line per request (aiohttp's access log); off by default, as
+        upstream's admission plugin logs none and a busy cluster's log would fill with pod
+        creates."""
+        self.handlers = dict(handlers)
+        self.addr = addr
+        self.port = port
+        self.context = context
+        self._access_log = access_log
+        self._runner: aiohttp.web.AppRunner | None = None
 
-    def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
-        """The context tally built (``context=``), as it is. Kopf would otherwise load
-        certificate files into it and restart the whole server whenever they change, closing
-        the port for a moment (the API server then refuses requests, failurePolicy Fail);
-        :mod:`tally.webhook.tls` reloads the certificate inside the running context instead."""
-        if self.context is None:
-            raise ValueError("tally's webhook server needs its SSL context (context=)")
-        return self.cadata, self.context
+    async def start(self) -> None:
+        app = aiohttp.web.Application()
+        app.add_routes([aiohttp.web.post("/{id}", self._serve)])
+        kwargs: dict[str, Any] = {} if self._access_log else {"access_log": None}
+        runner = aiohttp.web.AppRunner(
+            app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **kwargs
+        )
+        await runner.setup()
+        site = aiohttp.web.TCPSite(
+            runner,
+            self.addr,
+            self.port,
+            ssl_context=self.context,
+        )
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        logger.info("serving admission webhooks at https://%s:%d/{%s}", self.addr, self.port,
+                    ",".join(sorted(self.handlers)))  # fmt: skip
 
-    async def _serve(  # type: ignore[override]
-        self, fn: kopf.WebhookFn, request: aiohttp.web.Request
-    ) -> aiohttp.web.Response:
-        """Kopf's ``WebhookServer._serve`` on the review parsed and checked once: Kopf's own
-        would read the body and parse the JSON a second time (a pod's review, for every
-        create). The errors map to the same HTTP statuses as Kopf's."""
+    async def stop(self) -> None:
+        """Close the port and let requests in progress finish (at most ``SHUTDOWN_TIMEOUT_S``)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _serve(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        handler = self.handlers.get(request.match_info["id"])
+        if handler is None:
+            raise aiohttp.web.HTTPNotFound(reason=f"no webhook at {request.path}")
         try:
             review = parse_review(await request.read())
         except ReviewError as error:
             raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
-        webhook = request.match_info.get("id")
-        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         try:
-            response: Mapping[str, Any] = await fn(
-                cast(reviews.Request, review),
-                webhook=webhook,
-                sslpeer=sslpeer,
-                headers=dict(request.headers),
-            )
-        except UnknownResourceError as error:
-            fallback = self.fallbacks.get(webhook or "")
-            if fallback is None:
-                raise aiohttp.web.HTTPNotFound(reason=str(error) or None) from None
-            response = await fallback(review)
-        except AmbiguousResourceError as error:
-            raise aiohttp.web.HTTPConflict(reason=str(error) or None) from None
-        except WebhookError as error:
-            raise aiohttp.web.HTTPBadRequest(reason=str(error) or None) from None
+            response = await handler(review)
+        except Exception as error:
+            # Never an allow: the request is refused with the error, as upstream's plugin
+            # refuses what it failed to evaluate.
+            logger.exception("webhook %s failed on %s", request.path, _describe(review))
+            response = review_response(review, False, f"tally failed: {error}", 500)
         return aiohttp.web.json_response(response)
+
+
+def quota_review(admit: Callable[[Attributes], Awaitable[None]]) -> ReviewHandler:
+    """The quota webhook: ``admit`` judges the request and raises ``AdmissionDenied`` to refuse
+    it, with upstream's words and code."""
+
+    async def review(review: dict[str, Any]) -> dict[str, Any]:
+        attributes = attributes_from_review(review)
+        try:
+            await admit(attributes)
+        except AdmissionDenied as denied:
+            if denied.code != 403:
+                # Not a quota saying no (403) but admission failing to decide: a timeout,
+                # writes that kept conflicting, an object or quota it cannot read.
+                logger.warning(
+                    "quota admission refused %s with %d: %s",
+                    _describe(review), denied.code, denied.message,
+                )  # fmt: skip
+            return review_response(review, False, denied.message, denied.code)
+        return review_response(review, True)
+
+    return review
+
+
+async def podset_review(review: dict[str, Any]) -> dict[str, Any]:
+    """PodSet validation (apps/v1 ReplicaSet rules): 422 with the API server's own wording."""
+    request = review["request"]
+    new = request.get("object")
+    if new is None:
+        return review_response(review, True)  # a DELETE: nothing to validate
+    errors = validation.validate_podset(new, request.get("oldObject"))
+    if errors:
+        name = str(request.get("name") or (new.get("metadata") or {}).get("name") or "")
+        return review_response(review, False, validation.invalid_message(name, errors), 422)
+    return review_response(review, True)
+
+
+def _describe(review: Mapping[str, Any]) -> str:
+    request = review["request"]
+    resource = request["resource"]
+    kind = str(GroupResource(resource["group"], resource["resource"]))
+    sub = f"/{request['subResource']}" if request.get("subResource") else ""
+    where = f"{request.get('namespace') or ''}/{request.get('name') or ''}"
+    return f"{request['operation']} {kind}{sub} {where}"
