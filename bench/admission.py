@@ -14,8 +14,8 @@ counted. Latency is per request (from sending the create to its answer); through
 per second of block wall time. After the run, each quota's ``status.used.pods`` must equal the
 number of pods created (every create charged exactly once).
 
-Prints p50 / p95 / p99 / max and throughput per side, tally's ratios to upstream (targets of
-issue 5: p99 <= 1.2x, throughput >= 1.0x), a few of tally's own admission metrics, the input
+Prints p50 / p95 / p99 / max and throughput per side, tally's ratios to upstream (targets:
+p99 <= 1.2x, throughput >= 1.0x), a few of tally's own admission metrics, the input
 size and the machine. Cleans up both control planes and tally whatever happens.
 
 Run: ``.venv/bin/python bench/admission.py [--creates 1000] [--clients 20]``.

@@ -1,4 +1,4 @@
-"""Benchmark: scaling 0 → N → 0 pods, tally's PodSet against upstream's ReplicaSet (issue 6).
+"""Benchmark: scaling 0 → N → 0 pods, tally's PodSet against upstream's ReplicaSet.
 
 Starts two local control planes with ``hack/cluster.py`` (temporary directories): one in
 reference mode, whose kube-controller-manager runs with upstream's *default* client rate limit
@@ -9,7 +9,7 @@ target number of active pods the workload controls.
 
 * **(a) rate-limited**: tally with ``TALLY_PODSET_QPS=20`` / ``TALLY_PODSET_BURST=30``, the same
   client budget as kube-controller-manager's replicaset controller, against that ReplicaSet.
-  Target (issue 6): tally's time ≤ 1.0x upstream's.
+  Target: tally's time ≤ 1.0x upstream's.
 * **(b) unthrottled**: tally restarted without a limit, against a raw loop that creates (then
   deletes) the same number of pods with ``--concurrency`` requests in flight on the same
   control plane, through the same admission (tally's quota webhook): the API server's own

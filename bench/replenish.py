@@ -10,7 +10,7 @@ sides so that background load hits both alike; each latency runs from just befor
 request to the arrival, on a watch of the quota opened before the run, of the status whose
 ``used.pods`` shows the deletion. The warm-up deletions are not counted.
 
-Prints p50 / p95 / max per side and tally's ratios to upstream (target in issue 4: <= 1.0x),
+Prints p50 / p95 / max per side and tally's ratios to upstream (target: <= 1.0x),
 with the input size and the machine (nproc, Python, Kubernetes version). Cleans up both
 control planes and tally whatever happens.
 

@@ -23,7 +23,7 @@ Two control planes, one after the other (each in a temporary directory, stopped 
 requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.crt`` one that
 kube-controller-manager publishes into every namespace (its presence is checked first).
 
-Prints the times, the memory, the ratios to the targets of issue 4 (convergence <= 30 s, RSS <=
+Prints the times, the memory, the ratios to the targets (convergence <= 30 s, RSS <=
 kube-controller-manager's), the input sizes and the machine. Creates run with ``--concurrency``
 requests in flight (retrying the API server's overload answers).
 

@@ -89,7 +89,10 @@ class TallyProcess:
         bin_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
         interpreter_args: Sequence[str] = (),
+        entry_point: Path = REPO / "operator" / "main.py",
     ) -> None:
+        """``entry_point``: the file ``kopf run`` loads (a test harness may wrap the operator's)."""
+        self.entry_point = entry_point
         self.kubeconfig = kubeconfig
         # Between ``python`` and ``-m kopf``: ``-m cProfile -o FILE`` profiles tally (the
         # profile is written on a graceful stop).
@@ -165,7 +168,7 @@ class TallyProcess:
         self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])
         command = [
             sys.executable, *self.interpreter_args,
-            "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
+            "-m", "kopf", "run", str(self.entry_point),
             "--all-namespaces", "--standalone", f"--liveness={liveness_url}",
         ]  # fmt: skip
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """Bad input to quota admission: tally answers with a clear error, never crashes, and never
-allows what a valid quota would deny (issue 5).
+allows what a valid quota would deny.
 
 Three kinds of bad input, each followed by a check that the operator process still runs, that
 its liveness endpoint answers and that its webhook still judges a well-formed request:

@@ -13,7 +13,7 @@ status, then fires all its requests at once (at most :data:`CONCURRENCY` in flig
   ``status.used`` left below what was admitted (e.g. by a controller recalculation that ran on
   a lagging informer during the burst) would let it in, which is over-admission.
 
-The shapes: the 200-vs-``pods: 50`` case of issue 5, two quotas in one namespace, scoped
+The shapes: 200 creates against ``pods: 50``, two quotas in one namespace, scoped
 quotas (BestEffort, NotBestEffort, Terminating, PriorityClass), cpu and memory limits,
 several namespaces at once, mixed kinds in one namespace, configmap/secret/service/PVC bursts,
 dry-run mixed with real requests, and concurrent updates (PVC expansion, Service type change).

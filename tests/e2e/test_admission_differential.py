@@ -7,7 +7,7 @@ HTTP code and the message after the API server's prefix — and a few ``status.u
 recorded; the two lists must be equal. Anchors (:data:`ANCHORS`) pin a few outcomes to upstream's
 text explicitly, so the test also fails if both sides went wrong the same way.
 
-Every message of spec §2 that the API can reach is covered:
+Every message of upstream's admission plugin that the API can reach is covered:
 
 * ``exceeded quota`` with one name (configmaps, secrets, pods, nodeports, storage) and with
   several (``requests.cpu,requests.memory``; ``services.loadbalancers,services.nodeports``;

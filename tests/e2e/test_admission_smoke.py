@@ -1,6 +1,6 @@
 """Quota admission through tally's webhook on the real control plane (operator mode).
 
-Expected messages and codes are upstream's (spec §2); the differential suite proves them side
+Expected messages and codes are upstream's; the differential suite proves them side
 by side with reference mode.
 """
 

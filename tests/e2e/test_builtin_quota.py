@@ -1,4 +1,4 @@
-"""Start-up detection of the cluster's own quota system (issue 7; ``tally.builtin_quota.decision``).
+"""Start-up detection of the cluster's own quota system (``tally.builtin_quota``).
 
 tally replaces upstream's ResourceQuota admission plugin and resourcequota controller, so it
 must not enforce beside them. Each test runs tally as a subprocess (``TallyProcess``) and looks

@@ -12,7 +12,7 @@ order). A few anchors per scenario (explicit expected values) check that the scr
 says on both sides, so two equally wrong answers cannot pass.
 
 Both sides also run admission, so creations are charged at admission and not watched for
-replenishment (spec §3): a script waits for a quota's status to be filled before creating what
+replenishment: a script waits for a quota's status to be filled before creating what
 it counts, as a user of upstream must (a quota without status forbids "status unknown").
 
 Not covered here: ``count/<resource>.<group>`` for custom (or any non-core) resources, which is
@@ -43,7 +43,7 @@ LARGE = "1Pi"
 # Both sides fill a quota within a second or two; generous for a loaded machine.
 FILL_WITHIN_S = 30.0
 # Two reads this far apart must agree before a side counts as settled. Replenishment is
-# event-driven on both sides (within 1 s for tally, issue 4), so 2 s of quiet means done.
+# event-driven on both sides (within 1 s for tally), so 2 s of quiet means done.
 STABLE_AFTER_S = 2.0
 SETTLE_WITHIN_S = 60.0
 # Names validation accepts but no evaluator measures: neither side ever writes a used value.
@@ -253,7 +253,7 @@ async def pods_compute(side: Side) -> None:
     """Pod evaluator: every compute name, init containers, terminal phases, deletions.
 
     The quota tracks cpu and memory, so admission (both sides) requires every container to
-    state cpu and memory requests and limits (spec §1: upstream's backward-compatible
+    state cpu and memory requests and limits (upstream's backward-compatible
     constraint).
     """
     await side.quota("compute", COMPUTE)

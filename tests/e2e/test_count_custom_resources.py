@@ -29,7 +29,7 @@ from tally.machinery.cache import Store
 from tally.resourcequota.discovery import REASON_UNKNOWN_RESOURCE, DynamicKinds
 from tally_e2e import eventually
 
-# "within 1 s" in issue 4 for a deletion to be seen.
+# within 1 s for a deletion to be seen.
 PROMPTLY_S = 1.0
 CORE_KINDS = frozenset(
     GroupResource("", r)

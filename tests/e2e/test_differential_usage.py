@@ -50,7 +50,7 @@ HOLD_FINALIZER = "example.com/hold"
 FILL_WITHIN_S = 60.0
 STABLE_AFTER_S = 1.0
 
-# Every compute name the pod evaluator tracks (spec §1.1), in the unscoped quota.
+# Every compute name the pod evaluator tracks, in the unscoped quota.
 COMPUTE_NAMES = (
     "pods", "count/pods", "cpu", "memory", "ephemeral-storage",
     "requests.cpu", "limits.cpu", "requests.memory", "limits.memory",

@@ -1,4 +1,4 @@
-"""manifests/ (issue 7): what ``kubectl apply -k manifests/`` installs, and the RBAC proof.
+"""manifests/: what ``kubectl apply -k manifests/`` installs, and the RBAC proof.
 
 * The server-side dry run and the apply on the operator-mode control plane (no kubelet: the
   Deployment's two pods are created and stay Pending, which is all this plane can show).

@@ -1,6 +1,6 @@
 """The PodSet controller on the real control plane (operator mode, tally running).
 
-Expectations are upstream's ReplicaSet behaviour (spec §5); the upstream e2e tests they mirror
+Expectations are upstream's ReplicaSet behaviour; the upstream e2e tests they mirror
 are named on each test. No kubelet: tests mark pods Running/Ready through the status
 subresource.
 """

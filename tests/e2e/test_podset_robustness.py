@@ -1,8 +1,8 @@
-"""PodSet expectations hold when tally's view of pods lags, and across a crash (issue 6).
+"""PodSet expectations hold when tally's view of pods lags, and across a crash.
 
 tally runs here as a process of the test's own (``operator_process.TallyProcess``) against the
 session's operator-mode control plane, so the test can freeze and kill it, and with its PodSet
-controller's pod events delayed (``TALLY_TEST_PODSET_POD_EVENT_DELAY``, ``EVENT_DELAY_S``): its
+controller's pod events delayed (``lagging_operator.py``, ``EVENT_DELAY_S``): its
 cache of pods lags the API by that much, so every sync right after a create or a scale sees too
 few pods, and only the expectations keep it from creating more (without them, the first test
 fails: checked by disabling them). A watch in the test
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -56,7 +57,8 @@ def tally(
         control_plane.kubeconfig,
         tmp_path_factory.mktemp("tally-robustness") / "tally.log",
         bin_dir=control_plane.bin_dir,
-        env={"TALLY_TEST_PODSET_POD_EVENT_DELAY": str(EVENT_DELAY_S)},
+        env={"TALLY_E2E_POD_EVENT_DELAY": str(EVENT_DELAY_S)},
+        entry_point=Path(__file__).with_name("lagging_operator.py"),
     )
     process.start()
     try:

@@ -1,6 +1,6 @@
 """tally's ResourceQuota controller on the real control plane (operator mode).
 
-Expected values are upstream's (spec §1, §3): each scenario's numbers are what kube-controller
+Expected values are upstream's: each scenario's numbers are what kube-controller
 -manager's resourcequota controller writes for the same objects (see the differential tests for
 the side-by-side proof). Creations are not watched for replenishment — admission charges them —
 so objects are created before the quota that counts them, and deletions lower usage.
@@ -97,7 +97,7 @@ async def test_new_quota_gets_status_promptly_and_deletes_lower_usage(
     expected |= {"secrets": "0", "services": "0", "services.nodeports": "0"}
     await wait_used(api, namespace, "q", expected, within=PROMPTLY_S)
 
-    # A pod that succeeded stops counting for everything but count/pods (spec §1.1).
+    # A pod that succeeded stops counting for everything but count/pods (upstream too).
     await set_pod_status(api, namespace, "p2", phase="Succeeded", ready=False)
     expected |= {"pods": "1", "requests.cpu": "250m", "requests.memory": "64Mi"}
     await wait_used(api, namespace, "q", expected, within=PROMPTLY_S)

@@ -1,4 +1,4 @@
-"""Mutual TLS on tally's webhook (issue 7): only the API server gets answers.
+"""Mutual TLS on tally's webhook: only the API server gets answers.
 
 tally's quota admission writes quota status (reservations), so an AdmissionReview forged and
 POSTed straight to the webhook port could use up a namespace's quota. The ``operator`` fixture

@@ -1,4 +1,4 @@
-"""The webhook certificate kept in a Secret and renewed while tally runs (issue 7).
+"""The webhook certificate kept in a Secret and renewed while tally runs.
 
 tally runs as a process of this module's own (``TallyProcess``) with
 ``TALLY_WEBHOOK_CERT_SECRET`` naming a Secret in a namespace of its own, which is

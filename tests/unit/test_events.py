@@ -68,7 +68,7 @@ class FakeClock:
 
 
 def test_core_imports_nothing_forbidden() -> None:
-    """tally.machinery.events is pure core (STYLE.md): no kopf, kubernetes_asyncio or pydantic."""
+    """tally.machinery.events is pure core: no kopf, kubernetes_asyncio or pydantic."""
     tree = ast.parse(pathlib.Path(events.__file__).read_text())
     imported = {
         alias.name

@@ -129,7 +129,7 @@ def test_bad_failure_policy_is_refused() -> None:
         )
 
 
-# -- in a cluster: a Service client config (TALLY_WEBHOOK_SERVICE, issue 7)
+# -- in a cluster: a Service client config (TALLY_WEBHOOK_SERVICE)
 
 
 @pytest.mark.parametrize(

@@ -403,7 +403,7 @@ class Runtime:
         settings = self.settings
         host = settings.webhook_host or settings.webhook_addr
         service = settings.webhook_service_ref
-        # With a Service client config the API server checks <svc>.<ns>.svc (issue 7).
+        # With a Service client config the API server checks <svc>.<ns>.svc.
         tls = ServingTLS(
             self._certificate_source(),
             hosts=[host, *(service.dns_names if service is not None else ())],
@@ -527,15 +527,7 @@ class Runtime:
         if informer is not None:
             informer.on_event(event_type, obj)
         if gr == PODS:
-            delay = self.settings.test_podset_pod_event_delay
-            if delay > 0:
-                # Test only: the PodSet controller's pod view lags the API by ``delay`` (events
-                # kept in order: equal delays fire in scheduling order).
-                asyncio.get_running_loop().call_later(
-                    delay, self.pod_views.on_event, event_type, obj
-                )
-            else:
-                self.pod_views.on_event(event_type, obj)
+            self.pod_views.on_event(event_type, obj)
 
     def _certificate_secret_event(self, obj: Mapping[str, Any]) -> None:
         """Someone may have changed the certificate Secret: let the TLS keeper look (it ignores

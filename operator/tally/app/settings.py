@@ -302,11 +302,6 @@ class Settings(BaseModel):
     """``TALLY_PODSET_BURST``: requests the PodSet controller may make at once after a quiet
     spell (``--kube-api-burst``, 30 upstream); 0 means one second's worth of ``podset_qps``."""
 
-    test_podset_pod_event_delay: float = Field(default=0.0, ge=0, le=60)
-    """``TALLY_TEST_PODSET_POD_EVENT_DELAY``: test only. Seconds by which every pod event
-    reaches the PodSet controller late (its cache lags the API), so that an e2e test can show
-    that its expectations, not a fresh cache, keep it from creating too many pods. 0: off."""
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ

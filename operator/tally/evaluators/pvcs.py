@@ -101,7 +101,8 @@ def referenced_volume_attributes_class_names(pvc: Obj) -> frozenset[str]:
 
 
 def _round_up_to_bytes(quantity: Quantity) -> Quantity:
-    """Storage is charged in whole bytes, to pass ResourceQuota validation (issue 94313)."""
+    """Storage is charged in whole bytes (upstream rounds up too): a quota status with a
+    fractional byte count would fail ResourceQuota validation."""
     rounded, exact = quantity.round_up(0)
     return quantity if exact else rounded
 

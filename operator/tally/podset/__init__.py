@@ -20,7 +20,7 @@ keys, exactly as the API server sends them):
 * :mod:`tally.podset.podutil`: small readers of pod JSON shared by the others (upstream
   ``pkg/api/v1/pod/util.go``).
 
-Layering: everything but :mod:`tally.podset.client` (and the boundary model) is pure: it imports
+Layering: everything but :mod:`tally.podset.client` is pure: it imports
 no ``kopf``, ``kubernetes_asyncio`` or ``pydantic`` (a contract ``make lint`` checks). The
 controller reads caches and calls the client through small protocols, and asks the other
 modules what to do. The only coroutine is

@@ -1,6 +1,6 @@
 """The PodSet controller: upstream's ReplicaSet controller, for ``podsets.tally.dev``.
 
-Shape (sample-controller, spec §5): event handlers work out PodSet keys (``namespace/name``)
+Shape (sample-controller): event handlers work out PodSet keys (``namespace/name``)
 and enqueue them; workers take keys off one rate-limited queue and run :meth:`sync_podset`,
 which reads the caches, claims pods, manages replicas when the expectations are satisfied, and
 writes status last (through the status subresource, with the resourceVersion read).

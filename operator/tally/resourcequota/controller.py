@@ -115,8 +115,6 @@ def _semantic_equal(a: Mapping[str, Quantity] | None, b: Mapping[str, Quantity] 
     so ``None`` counts as ``{}`` here. Callers that must tell a missing list apart (the sync's
     "first sync is dirty" rule) test ``is None`` themselves, as upstream tests ``== nil``.
     """
-    # Fixed (test_add_quota "empty spec.hard, no status"): this used to call None and {}
-    # different, which sent a quota with an empty spec.hard and no status to the priority queue.
     return quota.equals(a or {}, b or {})
 
 

@@ -13,7 +13,7 @@ recomputed as quotas change (:func:`count_resources`). Every webhook's client co
 path: /<handler-id>}``; URL client configs naming Service DNS often fail, kopf#1071): a Kopf
 webhook path without a handler id runs no handler and allows everything.
 
-Fixed fields, whatever the mode (issue 5): failurePolicy ``Fail`` by default (a quota is a limit
+Fixed fields, whatever the mode: failurePolicy ``Fail`` by default (a quota is a limit
 only if creation is refused when tally cannot judge it), sideEffects ``NoneOnDryRun`` (dry-run
 requests are judged and never written), timeoutSeconds 10 (upstream's own bound on quota
 evaluation), matchPolicy ``Equivalent``, and a namespaceSelector that exempts ``kube-system``
@@ -49,7 +49,7 @@ PODSET_RULE: Final = {
 
 CORE_RESOURCES: Final = (
     "pods",
-    "pods/resize",  # in-place resize is charged as a delta (spec §1.1)
+    "pods/resize",  # an in-place resize is charged by its growth, as upstream charges it
     "services",
     "persistentvolumeclaims",
     "configmaps",

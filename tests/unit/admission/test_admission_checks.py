@@ -218,7 +218,7 @@ COMPUTE = resource_quota(
 
 
 def test_exceeded_message_lists_only_exceeded_names() -> None:
-    # spec §2 step 8, the spec's own example:
+    # upstream checkRequest's last step (charge, then compare only the names charged):
     # exceeded quota: compute, requested: requests.cpu=600m, used: requests.cpu=600m,
     # limited: requests.cpu=1 (pods=1 is requested too but fits, so it is not listed)
     error = denied([COMPUTE], create(pod("p", {"cpu": "600m"})))

@@ -12,7 +12,7 @@ tests, on the written ``status.used`` strings.
 Where an upstream test only asserts ``err != nil``, the expected message is upstream's format
 string (``controller.go``) filled in by hand, and the comment says so. The conflict-retry,
 batching and timeout cases have no upstream table: their expectations follow
-``checkQuotas``/``Evaluate`` as spec §2 describes them, and tally's deliberate differences are
+upstream's ``checkQuotas``/``Evaluate`` code, and tally's deliberate differences are
 named where they are tested.
 
 Timeouts use real (short) time: the project has no fake loop time.
