@@ -1,4 +1,4 @@
-"""Two tally replicas with leader election on one control plane .
+"""Two tally replicas with leader election on one control plane.
 
 Each test starts two ``TallyProcess`` replicas at the same moment, configured like the
 Deployment's two pods: ``TALLY_LEADER_ELECTION=true``, one Lease (``tally`` in the test's own

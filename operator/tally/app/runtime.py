@@ -131,11 +131,14 @@ class Runtime:
         )
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         # Admission's charges until their objects reach the caches (confirmed) or the timeout
-        # passes (released: the quotas are recalculated). Every replica keeps its own; the
-        # leader also holds the raises of usage the others write (KubeQuotaAccessor).
+        # passes (released: the quotas are recalculated). Every replica keeps its own; with
+        # leader election the leader also holds the raises of usage the others write
+        # (KubeQuotaAccessor).
         self.charges = ChargeLedger(settings.charge_confirm_timeout, metrics=self.metrics)
         self.metrics.watch_charges(self.charges.oldest_age)
-        self.accessor = KubeQuotaAccessor(self.quotas, api, charges=self.charges)
+        self.accessor = KubeQuotaAccessor(
+            self.quotas, api, charges=self.charges if settings.leader_election else None
+        )
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
         # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).

@@ -63,7 +63,10 @@ class KubeQuotaAccessor:
         self, quotas: Store[Obj], api: client.ApiClient, charges: ChargeLedger | None = None
     ) -> None:
         """``charges``: where raises of usage this process did not write are held
-        (:meth:`usage_raised`); None ignores them."""
+        (:meth:`usage_raised`); None ignores them. Pass one only when other replicas' admission
+        may charge the same quotas (leader election): with a single replica, a raise it did not
+        write is someone editing the status, which the next recalculation corrects at once, as
+        upstream's controller does."""
         self._quotas = quotas
         self._api = api
         self._updated = UpdatedQuotas()
