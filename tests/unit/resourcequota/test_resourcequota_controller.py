@@ -929,20 +929,12 @@ async def test_replenish_reads_the_newest_copy_of_a_quota() -> None:
 # -- tally's pending charges (not upstream: closes upstream's charge-erasing race)
 
 
-@pytest.mark.parametrize(
-    ("held", "status_configmaps", "written_configmaps"),
-    [
-        # Status says 3 (the last one charged by admission a moment ago), the cache holds 2.
-        pytest.param("1", "3", None, id="a-pending-charge-keeps-what-admission-wrote"),
-        pytest.param(None, "3", "2", id="released-charge-lowers-to-the-caches"),
-        pytest.param("1", "4", "3", id="lowered-no-further-than-caches-plus-charges"),
-        pytest.param("2", "3", None, id="never-above-the-status"),
-        pytest.param("1", "1", "2", id="raising-writes"),
-    ],
-)
-async def test_pending_charges_hold_usage(
-    held: str | None, status_configmaps: str, written_configmaps: str | None
-) -> None:
+def _two_configmaps_charged_one_more(
+    status_configmaps: str, held: str | None
+) -> tuple[Obj, ResourceQuotaController, FakeStatusWriter, list[float]]:
+    """A quota whose status says ``status_configmaps``, two configmaps cached, and (unless
+    ``held`` is None) a pending charge of ``held`` configmaps for a third one; the clock at 100
+    and the charge's deadline at 105."""
     quota_obj = resource_quota(
         {"configmaps": "10"},
         status={"hard": {"configmaps": "10"}, "used": {"configmaps": status_configmaps}},
@@ -961,6 +953,24 @@ async def test_pending_charges_hold_usage(
             replaces="",
             amounts={("testing", "quota"): {"configmaps": Quantity.parse(held)}},
         )
+    return quota_obj, controller, writer, now
+
+
+@pytest.mark.parametrize(
+    ("held", "status_configmaps", "written_configmaps"),
+    [
+        # Status says 3 (the last one charged by admission a moment ago), the cache holds 2.
+        pytest.param("1", "3", None, id="a-pending-charge-keeps-what-admission-wrote"),
+        pytest.param(None, "3", "2", id="released-charge-lowers-to-the-caches"),
+        pytest.param("1", "4", "3", id="lowered-no-further-than-caches-plus-charges"),
+        pytest.param("2", "3", None, id="never-above-the-status"),
+        pytest.param("1", "1", "2", id="raising-writes"),
+    ],
+)
+async def test_pending_charges_hold_usage(
+    held: str | None, status_configmaps: str, written_configmaps: str | None
+) -> None:
+    quota_obj, controller, writer, _ = _two_configmaps_charged_one_more(status_configmaps, held)
     await controller.sync_resource_quota(quota_obj)
     if written_configmaps is None:
         assert [] == writer.writes
@@ -969,22 +979,7 @@ async def test_pending_charges_hold_usage(
 
 
 async def test_a_charge_past_its_deadline_holds_nothing() -> None:
-    quota_obj = resource_quota(
-        {"configmaps": "10"}, status={"hard": {"configmaps": "10"}, "used": {"configmaps": "3"}}
-    )
-    controller, writer = new_controller(
-        [quota_obj],
-        {GroupResource("", "configmaps"): [configmap("a", "testing"), configmap("b", "testing")]},
-    )
-    now = [100.0]
-    ledger = ChargeLedger(5.0, clock=lambda: now[0])
-    controller.charges = ledger
-    ledger.record(
-        ObjectRef(GroupResource("", "configmaps"), "testing", "c"),
-        uid="u-c",
-        replaces="",
-        amounts={("testing", "quota"): {"configmaps": Quantity.parse("1")}},
-    )
+    quota_obj, controller, writer, now = _two_configmaps_charged_one_more("3", "1")
     now[0] = 105.0  # the timer has not released it yet; the sync must not count it any more
     await controller.sync_resource_quota(quota_obj)
     assert ["2"] == [w[1]["used"]["configmaps"] for w in writer.writes]
