@@ -1,0 +1,109 @@
+"""tally.app.runtime: what the composition root wires together, event by event.
+
+A Runtime built from default settings and an API client that is never used (nothing here
+starts it, so it makes no request): watch events go in through ``Runtime.on_event``, and the
+tests look at what reached the quota controller's queues and the charge ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from tally.app.runtime import PODS, RESOURCE_QUOTAS, Runtime
+from tally.app.settings import Settings
+from tally.charges import ObjectRef
+from tally.quota.quantity import Quantity
+
+pytestmark = pytest.mark.unit
+
+KEY = ("team", "q")
+
+
+def _quota(used: str, resource_version: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "q", "namespace": "team", "uid": "u-q",
+                     "resourceVersion": resource_version},
+        "spec": {"hard": {"pods": "10"}},
+        "status": {"hard": {"pods": "10"}, "used": {"pods": used}},
+    }  # fmt: skip
+
+
+def _pod(name: str, uid: str, namespace: str = "team") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "7"},
+        "spec": {"containers": [{"name": "a", "image": "i"}]},
+    }
+
+
+async def _queued(queue: Any) -> list[Any]:
+    keys = []
+    while len(queue):
+        key = await asyncio.wait_for(queue.get(), 1)
+        queue.done(key)
+        keys.append(key)
+    return keys
+
+
+async def _runtime(**settings: Any) -> AsyncIterator[Runtime]:
+    api = client.ApiClient()
+    runtime = Runtime(Settings(**settings), api)
+    runtime.on_event(RESOURCE_QUOTAS, "ADDED", _quota("0", "1"))
+    await _queued(runtime.controller.queue)  # the quota's own first sync
+    try:
+        yield runtime
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def runtime() -> AsyncIterator[Runtime]:
+    async for built in _runtime():
+        yield built
+
+
+async def test_a_pod_deletion_recalculates_the_namespaces_quotas(runtime: Runtime) -> None:
+    runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+    await _queued(runtime.controller.queue)
+    runtime.on_event(PODS, "DELETED", _pod("p", "u-p"))
+    assert [KEY] == await _queued(runtime.controller.queue)
+
+
+async def test_a_pod_event_confirms_its_charge(runtime: Runtime) -> None:
+    ref = ObjectRef(PODS, "team", "p")
+    runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
+    runtime.on_event(PODS, "ADDED", _pod("p", "u-other"))  # another incarnation of the name
+    assert 1 == len(runtime.charges)
+    runtime.on_event(PODS, "MODIFIED", _pod("p", "u-p"))
+    assert 0 == len(runtime.charges)
+
+
+async def test_a_released_charge_recalculates_its_quota(runtime: Runtime) -> None:
+    runtime.charges.release_now({KEY: {"pods": Quantity.parse("1")}})
+    assert [KEY] == await _queued(runtime.controller.queue)
+
+
+async def test_a_deleted_quota_leaves_no_charge_behind(runtime: Runtime) -> None:
+    ref = ObjectRef(PODS, "team", "p")
+    runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
+    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota("1", "2"))
+    assert (0, {}) == (len(runtime.charges), runtime.charges.held(KEY))
+
+
+async def test_a_raise_nobody_here_wrote_is_held_only_with_leader_election() -> None:
+    for leader_election, held in ((False, {}), (True, {"pods": Quantity.parse("3")})):
+        async for runtime in _runtime(leader_election=leader_election):
+            runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("3", "5"))
+            assert held == runtime.charges.held(KEY), leader_election
+
+
+async def test_namespaces_tally_does_not_manage_are_ignored() -> None:
+    async for runtime in _runtime(namespaces="team"):
+        runtime.on_event(PODS, "ADDED", _pod("p", "u-p", namespace="elsewhere"))
+        assert 0 == len(runtime.informers[PODS].store)
+        runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+        assert 1 == len(runtime.informers[PODS].store)
