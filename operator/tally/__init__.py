@@ -9,8 +9,9 @@ Packages by layer, imports only going downward (``import-linter`` contracts in
   :mod:`tally.builtin_quota`: the controllers and admission, independent of each other;
 * :mod:`tally.kube`: the API adapters;
 * the pure core, with no API client, HTTP library or pydantic: :mod:`tally.charges`,
-  :mod:`tally.evaluators`, and at the bottom :mod:`tally.machinery`, :mod:`tally.quota`,
-  :mod:`tally.workqueue`.
+  :mod:`tally.evaluators`, :mod:`tally.machinery`, and at the bottom :mod:`tally.quota` and
+  :mod:`tally.workqueue` (which holds what every layer shares: the clock, the token bucket,
+  the watched task).
 
 This file defines nothing.
 """

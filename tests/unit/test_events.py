@@ -53,6 +53,10 @@ class SimpleIntervalClock:
         self.time += self.duration
         return self.time
 
+    def time_ns(self) -> int:
+        """The reading the recorder and the correlator take (``tally.workqueue.Clock``)."""
+        return self.now()
+
 
 class FakeClock:
     """``k8s.io/utils/clock/testing.FakeClock``: moves only by ``step``."""
@@ -62,6 +66,10 @@ class FakeClock:
 
     def now(self) -> int:
         return self.time
+
+    def time_ns(self) -> int:
+        """The reading the recorder and the correlator take (``tally.workqueue.Clock``)."""
+        return self.now()
 
     def step(self, seconds: float) -> None:
         self.time += int(seconds * S)

@@ -75,6 +75,12 @@ def test_the_package_keeps_every_contract(tmp_path: Path) -> None:
             id="sibling-controllers-import-each-other",
         ),
         pytest.param(
+            "tally.workqueue.clock", "import tally.machinery.events",
+            "Layers: Kopf wiring on top, the pure core at the bottom, imports only go down "
+            "BROKEN",
+            id="the-bottom-imports-machinery",
+        ),
+        pytest.param(
             "tally.evaluators.base", "import tally.podset.podutil",
             "The quota side never imports PodSet BROKEN",
             id="quota-side-imports-podset",

@@ -15,8 +15,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from tally.machinery import events
-from tally.podset.client import KubeEventRecorder, KubeEventSink, TokenBucket
-from tally.workqueue import FakeClock
+from tally.podset.client import KubeEventRecorder, KubeEventSink
+from tally.workqueue import FakeClock, TokenBucket
 
 pytestmark = pytest.mark.unit
 

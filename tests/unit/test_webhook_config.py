@@ -103,12 +103,15 @@ def test_configuration_fields_hold() -> None:
         rules=webhook_rules(()),
         exempt_namespaces=["kube-system", "tally-system"],
     )
-    webhook, podsets = config["webhooks"]
-    # A bare path would run no Kopf handler and allow everything.
+    webhook, podsets, cluster_quotas = config["webhooks"]
+    # A bare path would run no handler (404, and the failure policy decides).
     assert webhook["clientConfig"]["url"] == "https://127.0.0.1:9443/quota"
     assert podsets["clientConfig"]["url"] == "https://127.0.0.1:9443/validate-podsets"
     assert podsets["rules"][0]["resources"] == ["podsets"]
     assert podsets["failurePolicy"] == "Fail"
+    assert cluster_quotas["clientConfig"]["url"] == "https://127.0.0.1:9443/validate-clusterquotas"
+    assert cluster_quotas["rules"][0]["resources"] == ["clusterquotas"]
+    assert cluster_quotas["rules"][0]["scope"] == "Cluster"
     assert webhook["failurePolicy"] == "Fail"
     assert webhook["sideEffects"] == "NoneOnDryRun"
     assert webhook["timeoutSeconds"] <= 10
@@ -164,7 +167,7 @@ def test_service_client_config_replaces_the_url() -> None:
         rules=webhook_rules(()),
         service=ServiceReference("tally-system", "tally-webhook"),
     )
-    webhook, podsets = config["webhooks"]
+    webhook, podsets, _ = config["webhooks"]
     # Every path still ends in the handler id: a bare path would allow everything.
     assert webhook["clientConfig"] == {
         "service": {
@@ -208,6 +211,7 @@ def test_registrar_body_names_the_service() -> None:
     )
     body = registrar.body(set())
     assert [w["clientConfig"]["service"]["name"] for w in body["webhooks"]] == [
+        "tally-webhook",
         "tally-webhook",
         "tally-webhook",
     ]

@@ -24,9 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tally.charges import QuotaKey, cluster_quota_key
 from tally.machinery.errors import Conflict
+from tally.quota.resources import ResourceList
 
-__all__ = ["Conflict", "QuotaAccessor", "quota_name"]
+__all__ = ["Conflict", "QuotaAccessor", "quota_identity", "quota_key", "quota_name"]
 
 Quota = Mapping[str, Any]
 
@@ -42,9 +44,15 @@ class QuotaAccessor(Protocol):
         """
         ...
 
-    async def update_quota_status(self, quota: Quota) -> Quota:
+    async def update_quota_status(
+        self, quota: Quota, *, charged_by_namespace: Mapping[str, ResourceList] | None = None
+    ) -> Quota:
         """Write ``quota``'s ``status`` through the status subresource, carrying its
         ``metadata.resourceVersion``; return the stored object.
+
+        ``charged_by_namespace`` comes with a ClusterQuota's view: how much of the growth of
+        its ``status.used`` each namespace's requests charged (its status keeps each
+        namespace's share).
 
         Raises :class:`Conflict` on 409 (the quota changed since it was read). Any other
         exception is a failed write too; an ``AdmissionDenied`` raised here is passed to the
@@ -61,3 +69,20 @@ def quota_name(quota: Quota) -> str:
         if isinstance(name, str):
             return name
     return ""
+
+
+def quota_identity(quota: Quota) -> tuple[str, str, str]:
+    """(kind, namespace, name) of a ResourceQuota; ("ClusterQuota", "", name) of a
+    ClusterQuota's view, whichever namespace it was read for (one object, one running total)."""
+    if quota.get("kind") == "ClusterQuota":
+        return "ClusterQuota", "", quota_name(quota)
+    metadata = quota.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return "", str(namespace or ""), quota_name(quota)
+
+
+def quota_key(namespace: str, quota: Quota) -> QuotaKey:
+    """The charge ledger's key of ``quota``'s share in ``namespace``."""
+    if quota.get("kind") == "ClusterQuota":
+        return cluster_quota_key(namespace, quota_name(quota))
+    return namespace, quota_name(quota)

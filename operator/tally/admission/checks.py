@@ -43,7 +43,7 @@ Left out: batching, writes and retries (``evaluator.py``), filtering by operatio
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -78,6 +78,7 @@ __all__ = [
     "limited_by_default",
     "pretty_print",
     "pretty_print_resource_names",
+    "quota_kind",
     "scope_matching_error_message",
     "status_unknown_message",
 ]
@@ -105,13 +106,13 @@ def pretty_print_resource_names(names: Iterable[str]) -> str:
     return ",".join(sorted(names))
 
 
-def failed_quota_message(quota_name: str, error: object) -> str:
-    return f"failed quota: {quota_name}: {error}"
+def failed_quota_message(quota_name: str, error: object, kind: str = "quota") -> str:
+    return f"failed {kind}: {quota_name}: {error}"
 
 
-def status_unknown_message(quota_name: str, names: Iterable[str]) -> str:
-    return (
-        f"status unknown for quota: {quota_name}, resources: {pretty_print_resource_names(names)}"
+def status_unknown_message(quota_name: str, names: Iterable[str], kind: str = "quota") -> str:
+    return f"status unknown for {kind}: {quota_name}, resources: " + pretty_print_resource_names(
+        names
     )
 
 
@@ -125,12 +126,23 @@ def insufficient_scopes_message(scopes: Sequence[ScopeRequirement]) -> str:
 
 
 def exceeded_quota_message(
-    quota_name: str, requested: ResourceList, used: ResourceList, hard: ResourceList
+    quota_name: str,
+    requested: ResourceList,
+    used: ResourceList,
+    hard: ResourceList,
+    kind: str = "quota",
 ) -> str:
+    """Upstream's ``exceeded quota: …``; ``kind`` is ``cluster quota`` for a ClusterQuota (its
+    ``used`` is the total over the namespaces it selects)."""
     return (
-        f"exceeded quota: {quota_name}, requested: {pretty_print(requested)}, "
+        f"exceeded {kind}: {quota_name}, requested: {pretty_print(requested)}, "
         f"used: {pretty_print(used)}, limited: {pretty_print(hard)}"
     )
+
+
+def quota_kind(q: Quota) -> str:
+    """How messages name ``q``: ``quota``, or ``cluster quota`` for a ClusterQuota's view."""
+    return "cluster quota" if q.get("kind") == "ClusterQuota" else "quota"
 
 
 def scope_matching_error_message(quota_name: str, error: object) -> str:
@@ -278,9 +290,11 @@ def _check_request(
         try:
             evaluator.constraints(restricted, input_obj)
         except ConstraintError as error:
-            raise forbidden(failed_quota_message(name, error)) from error
+            raise forbidden(
+                failed_quota_message(name, error, quota_kind(resource_quota))
+            ) from error
         if not has_usage_stats(hard, _status_list(resource_quota, "used"), restricted):
-            raise forbidden(status_unknown_message(name, restricted))
+            raise forbidden(status_unknown_message(name, restricted, quota_kind(resource_quota)))
         interesting.append(index)
         restricted_resources.update(restricted)
 
@@ -357,6 +371,7 @@ def _check_request(
                     quota.mask(requested, exceeded),
                     quota.mask(used, exceeded),
                     quota.mask(hard, exceeded),
+                    quota_kind(resource_quota),
                 )
             )
         out[index] = _with_used(resource_quota, new_used)
@@ -400,6 +415,7 @@ def check_batch(
     limited_resources: Sequence[LimitedResource] = (),
     *,
     check: Iterable[int] | None = None,
+    applies: Callable[[Request, Quota], bool] | None = None,
 ) -> BatchResult:
     """Phase 1 of upstream ``checkQuotas``: each request against the running quotas, in order.
 
@@ -409,18 +425,27 @@ def check_batch(
     * A request that changes some quota becomes pending and its charge joins the totals.
 
     ``check`` limits the pass to some request indexes (a retry re-checks only the requests
-    still pending); the others are not looked at. An unexpected exception while checking one
-    request refuses that request with a 500 and does not stop the batch.
+    still pending); the others are not looked at. ``applies`` says which quotas bind which
+    request, for a batch that spans namespaces (a request is judged only against its
+    namespace's ResourceQuotas and the ClusterQuotas selecting its namespace); None: all.
+    An unexpected exception while checking one request refuses that request with a 500 and
+    does not stop the batch.
     """
     running = list(quotas)
     result = BatchResult(quotas=running, changed=[])
     indexes = range(len(requests)) if check is None else check
     for index in indexes:
         request = requests[index]
+        binding = (
+            list(range(len(running)))
+            if applies is None
+            else [i for i, q in enumerate(running) if applies(request, q)]
+        )
         try:
-            new_quotas, charged = check_request_charges(
-                running, request.attributes, request.evaluator, limited_resources
-            )
+            judged, judged_charges = check_request_charges(
+                [running[i] for i in binding], request.attributes, request.evaluator,
+                limited_resources,
+            )  # fmt: skip
         except AdmissionDenied as denied:
             result.decisions[index] = denied
             continue
@@ -428,6 +453,10 @@ def check_batch(
             logger.exception("quota admission: checking %s failed", _describe(request.attributes))
             result.decisions[index] = unknown_error(f"resource quota evaluation failed: {error}")
             continue
+        new_quotas = list(running)
+        for position, index_in_running in enumerate(binding):
+            new_quotas[index_in_running] = judged[position]
+        charged = {binding[position]: amount for position, amount in judged_charges.items()}
         if request.attributes.dry_run:
             # Don't update quota for requests that correspond to dry-run requests.
             result.decisions[index] = None

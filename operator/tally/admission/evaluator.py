@@ -58,11 +58,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tally.admission.accessor import Conflict, QuotaAccessor, quota_name
+from tally.admission.accessor import (
+    Conflict,
+    QuotaAccessor,
+    quota_identity,
+    quota_key,
+    quota_name,
+)
 from tally.admission.attributes import Attributes, is_namespace_creation, resource_version
 from tally.admission.checks import BatchResult, Quota, Request, check_batch
 from tally.admission.config import Configuration, LimitedResource
@@ -76,7 +82,9 @@ from tally.admission.errors import (
 from tally.charges import Charge, ChargeLedger, ObjectRef
 from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
-from tally.workqueue import Queue, ShutDown
+from tally.quota import resources
+from tally.quota.quantity import Quantity
+from tally.workqueue import Queue, ShutDown, start_watched
 
 __all__ = [
     "CHECK_QUOTAS_RETRIES",
@@ -108,12 +116,16 @@ DEFAULT_DENY: Final = "DEFAULT DENY"
 """Upstream's ``defaultDeny``: the verdict of a waiter nothing decided (should never show)."""
 
 
-def conflict_message(name: str) -> str:
+def conflict_message(name: str, resource: str = "resourcequotas") -> str:
     """The API server's 409 text for a status write that lost its compare-and-swap."""
     return (
-        f'Operation cannot be fulfilled on resourcequotas "{name}": the object has been '
+        f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
         "modified; please apply your changes to the latest version and try again"
     )
+
+
+def _resource_of(quota: Quota) -> str:
+    return "clusterquotas.tally.dev" if quota.get("kind") == "ClusterQuota" else "resourcequotas"
 
 
 def resolving_error_message(error: object) -> str:
@@ -239,9 +251,13 @@ class QuotaEvaluator:
         retries: int = CHECK_QUOTAS_RETRIES,
         metrics: AdmissionMetrics | None = None,
         charges: ChargeLedger | None = None,
+        lane_of: Callable[[str], str] | None = None,
     ) -> None:
         """``charges``: where the charges of allowed requests wait for their objects (see
-        :mod:`tally.charges`); None records nothing."""
+        :mod:`tally.charges`); None records nothing. ``lane_of``: the pass a namespace's
+        requests join (default: its own). Namespaces that ClusterQuotas bind share one lane,
+        so that one pass charges each ClusterQuota once for all of them instead of racing
+        passes of every namespace on the same object."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._accessor = accessor
@@ -252,6 +268,7 @@ class QuotaEvaluator:
         self._retries = retries
         self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
         self._charges = charges
+        self._lane_of: Callable[[str], str] = lane_of or (lambda namespace: namespace)
 
         #: Namespaces with waiters to check. The queue never hands one namespace to two
         #: workers at once, and collapses repeated adds of a namespace into one pass.
@@ -282,8 +299,18 @@ class QuotaEvaluator:
             return
         self._started = True
         for index in range(self._workers):
-            task = asyncio.create_task(self._run_worker(), name=f"admission-quota-worker-{index}")
-            task.add_done_callback(self._on_worker_done)
+            task = start_watched(
+                self._run_worker(),
+                name=f"admission-quota-worker-{index}",
+                logger=logger,
+                level=logging.ERROR,
+                # A worker runs until stop: say loudly when one ends any other way (a crash,
+                # even while stopping).
+                died="quota admission: worker %(task)s crashed; one worker fewer",
+                ended="quota admission: worker %(task)s exited unexpectedly",
+                cancelled="quota admission: worker %(task)s was cancelled",
+                stopping=lambda: self._stopping,
+            )
             self._tasks.append(task)
 
     async def stop(self, grace_period: float = EVALUATION_TIMEOUT_S) -> None:
@@ -312,22 +339,6 @@ class QuotaEvaluator:
                 waiter.resolve(internal_error(SHUTTING_DOWN))
         self._work.clear()
         self._dirty_work.clear()
-
-    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
-        """A worker runs until :meth:`stop`; say loudly when one ends any other way."""
-        if task.cancelled():
-            if not self._stopping:
-                logger.error("quota admission: worker %s was cancelled", task.get_name())
-            return
-        error = task.exception()
-        if error is not None:
-            logger.error(
-                "quota admission: worker %s crashed; one worker fewer",
-                task.get_name(),
-                exc_info=error,
-            )
-        elif not self._stopping:
-            logger.error("quota admission: worker %s exited unexpectedly", task.get_name())
 
     # -- the request side --
 
@@ -393,8 +404,9 @@ class QuotaEvaluator:
     # -- work bookkeeping (upstream addWork / getWork / completeWork) --
 
     def add_work(self, waiter: _Waiter) -> None:
-        """Queue ``waiter`` for its namespace's next pass."""
-        namespace = waiter.request.attributes.namespace
+        """Queue ``waiter`` for its lane's next pass (its namespace's, unless ``lane_of``
+        says otherwise)."""
+        namespace = self._lane_of(waiter.request.attributes.namespace)
         self._queue.add(namespace)
         if namespace in self._in_progress:
             self._dirty_work.setdefault(namespace, []).append(waiter)
@@ -437,7 +449,8 @@ class QuotaEvaluator:
     # -- the checks (upstream checkAttributes / checkQuotas) --
 
     async def check_attributes(self, namespace: str, waiters: Sequence[_Waiter]) -> None:
-        """Check one namespace's waiters together; every waiter has a verdict on return.
+        """Check one lane's waiters together (``namespace``: the lane, usually one
+        namespace); every waiter has a verdict on return.
 
         Upstream's default is to deny: a waiter that nothing decided (an unexpected error, or
         cancellation at shutdown) is refused with a 500.
@@ -445,8 +458,9 @@ class QuotaEvaluator:
         self._metrics.batch_checked(len(waiters))
         fallback = unknown_error(DEFAULT_DENY)
         try:
+            namespaces = sorted({w.request.attributes.namespace for w in waiters})
             try:
-                quotas = await self._accessor.get_quotas(namespace)
+                quotas, applies = await self._read_quotas(namespaces)
             except AdmissionDenied as denied:
                 fallback = denied
                 return
@@ -459,7 +473,7 @@ class QuotaEvaluator:
                 for waiter in waiters:
                     waiter.resolve(None)
                 return
-            await self.check_quotas(namespace, quotas, waiters, self._retries)
+            await self.check_quotas(namespace, quotas, waiters, self._retries, applies=applies)
         except asyncio.CancelledError:
             fallback = internal_error(SHUTTING_DOWN)
             raise
@@ -470,12 +484,34 @@ class QuotaEvaluator:
             for waiter in waiters:
                 waiter.resolve(fallback)
 
+    async def _read_quotas(
+        self, namespaces: Sequence[str]
+    ) -> tuple[list[Quota], Callable[[Request, Quota], bool] | None]:
+        """The quotas binding the requests of ``namespaces``, each once (a ClusterQuota's view
+        may come from several), and which bind which request (None: one namespace, all)."""
+        if len(namespaces) == 1:
+            return list(await self._accessor.get_quotas(namespaces[0])), None
+        combined: dict[tuple[str, str, str], Quota] = {}
+        binding: dict[str, set[tuple[str, str, str]]] = {}
+        for namespace in namespaces:
+            for quota in await self._accessor.get_quotas(namespace):
+                identity = quota_identity(quota)
+                combined.setdefault(identity, quota)
+                binding.setdefault(namespace, set()).add(identity)
+
+        def applies(request: Request, quota: Quota) -> bool:
+            return quota_identity(quota) in binding.get(request.attributes.namespace, set())
+
+        return list(combined.values()), applies
+
     async def check_quotas(
         self,
         namespace: str,
         quotas: Sequence[Quota],
         waiters: Sequence[_Waiter],
         remaining_retries: int,
+        *,
+        applies: Callable[[Request, Quota], bool] | None = None,
     ) -> None:
         """Check ``waiters`` against ``quotas`` and reserve their charges. In phases:
 
@@ -495,7 +531,9 @@ class QuotaEvaluator:
         """
         charges: dict[int, Charge] = {}
         try:
-            await self._check_quotas(namespace, quotas, waiters, remaining_retries, charges)
+            await self._check_quotas(
+                namespace, quotas, waiters, remaining_retries, charges, applies
+            )
         finally:
             self._settle_charges(waiters, charges)
 
@@ -506,6 +544,7 @@ class QuotaEvaluator:
         waiters: Sequence[_Waiter],
         remaining_retries: int,
         charges: dict[int, Charge],
+        applies: Callable[[Request, Quota], bool] | None,
     ) -> None:
         """:meth:`check_quotas`' phases; ``charges`` collects, per waiter, its charge in the
         ledger: what it is reserving or has reserved in each quota's status (a waiter refused
@@ -515,7 +554,7 @@ class QuotaEvaluator:
         to_check: list[int] | None = None
         while True:
             # Phase 1.
-            batch = check_batch(quotas, requests, limited, check=to_check)
+            batch = check_batch(quotas, requests, limited, check=to_check, applies=applies)
             for index, verdict in batch.decisions.items():
                 waiters[index].resolve(verdict)
             pending = batch.pending
@@ -526,14 +565,17 @@ class QuotaEvaluator:
                 return
             # Phase 3. The ledger holds the charges from before the writes: a recalculation
             # running while they are in flight, or before this pass ends, must not erase them.
-            self._hold_charges(namespace, batch, waiters, charges)
-            failed, last_error = await self._write(batch.quotas, batch.changed)
+            self._hold_charges(batch, waiters, charges)
+            failed, last_error = await self._write(batch, waiters)
             if self._charges is not None:
                 for index in pending:
                     for quota_index in batch.charges[index]:
-                        name = quota_name(batch.quotas[quota_index])
-                        if name in failed:
-                            self._charges.amend(charges[index], (namespace, name), None)
+                        charged = batch.quotas[quota_index]
+                        if quota_identity(charged) in failed:
+                            self._charges.amend(
+                                charges[index], quota_key(_namespace(waiters[index]), charged),
+                                None,
+                            )  # fmt: skip
             if last_error is None:
                 for index in pending:
                     waiters[index].resolve(None)
@@ -544,7 +586,9 @@ class QuotaEvaluator:
                 return
             self._metrics.retried()
             try:
-                fresh = await self._accessor.get_quotas(namespace)
+                fresh, applies = await self._read_quotas(
+                    sorted({_namespace(waiters[index]) for index in pending})
+                )
             except Exception as error:
                 logger.warning(
                     "quota admission: re-reading quotas of %s failed: %s", namespace, error
@@ -552,14 +596,13 @@ class QuotaEvaluator:
                 self._refuse(waiters, pending, last_error)
                 return
             # Phase 5.
-            quotas = [q for q in fresh if quota_name(q) in failed]
+            quotas = [q for q in fresh if quota_identity(q) in failed]
             to_check = [index for index in pending if not waiters[index].abandoned]
             limited = ()
             remaining_retries -= 1
 
     def _hold_charges(
         self,
-        namespace: str,
         batch: BatchResult,
         waiters: Sequence[_Waiter],
         charges: dict[int, Charge],
@@ -569,7 +612,7 @@ class QuotaEvaluator:
             return
         for index in batch.pending:
             amounts = {
-                (namespace, quota_name(batch.quotas[quota_index])): amount
+                quota_key(_namespace(waiters[index]), batch.quotas[quota_index]): amount
                 for quota_index, amount in batch.charges[index].items()
             }
             charge = charges.get(index)
@@ -593,20 +636,35 @@ class QuotaEvaluator:
             self._charges.withdraw(charge)
             self._charges.release_now(charge.amounts)
 
+    async def _update(self, index: int, batch: BatchResult, waiters: Sequence[_Waiter]) -> Quota:
+        """Write one changed quota; a ClusterQuota's view with each namespace's share."""
+        quota = batch.quotas[index]
+        if quota.get("kind") != "ClusterQuota":
+            return await self._accessor.update_quota_status(quota)
+        shares: dict[str, dict[str, Quantity]] = {}
+        for request_index in batch.pending:
+            amount = batch.charges[request_index].get(index)
+            if amount:
+                namespace = _namespace(waiters[request_index])
+                shares[namespace] = resources.add(shares.get(namespace, {}), amount)
+        return await self._accessor.update_quota_status(quota, charged_by_namespace=shares)
+
     @staticmethod
     def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:
         for index in indexes:
             waiters[index].resolve(error)
 
     async def _write(
-        self, quotas: Sequence[Quota], changed: Sequence[int]
-    ) -> tuple[set[str], AdmissionDenied | None]:
-        """Write the changed quotas at once; the names that failed and the last failure."""
+        self, batch: BatchResult, waiters: Sequence[_Waiter]
+    ) -> tuple[set[tuple[str, str, str]], AdmissionDenied | None]:
+        """Write the changed quotas at once; the identities of those that failed and the
+        last failure."""
+        quotas, changed = batch.quotas, batch.changed
         results = await asyncio.gather(
-            *(self._accessor.update_quota_status(quotas[index]) for index in changed),
+            *(self._update(index, batch, waiters) for index in changed),
             return_exceptions=True,
         )
-        failed: set[str] = set()
+        failed: set[tuple[str, str, str]] = set()
         last_error: AdmissionDenied | None = None
         for index, outcome in zip(changed, results, strict=True):
             if not isinstance(outcome, BaseException):
@@ -614,7 +672,9 @@ class QuotaEvaluator:
             name = quota_name(quotas[index])
             if isinstance(outcome, Conflict):
                 self._metrics.write_conflicted()
-                last_error = AdmissionDenied(CONFLICT, conflict_message(name))
+                last_error = AdmissionDenied(
+                    CONFLICT, conflict_message(name, _resource_of(quotas[index]))
+                )
             elif isinstance(outcome, AdmissionDenied):
                 last_error = outcome
             elif isinstance(outcome, Exception):
@@ -622,8 +682,12 @@ class QuotaEvaluator:
                 last_error = unknown_error(str(outcome) or type(outcome).__name__)
             else:
                 raise outcome  # CancelledError and friends
-            failed.add(name)
+            failed.add(quota_identity(quotas[index]))
         return failed, last_error
+
+
+def _namespace(waiter: _Waiter) -> str:
+    return waiter.request.attributes.namespace
 
 
 def _charged_object(waiter: _Waiter) -> tuple[ObjectRef, str, str]:

@@ -30,11 +30,18 @@ from typing import Any
 
 import kopf
 
-from tally.app.runtime import PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS, Runtime
+from tally.app.runtime import (
+    CLUSTER_QUOTAS,
+    NAMESPACES,
+    PODSETS,
+    RESOURCE_QUOTAS,
+    TRACKED_CORE_KINDS,
+    Runtime,
+)
 from tally.app.settings import Settings, SettingsError
 from tally.builtin_quota.decision import BuiltinQuotaActive
 from tally.evaluators.base import GroupResource
-from tally.kube import rest
+from tally.kube import cluster_quotas, rest
 from tally.podset import client as podset_client
 
 logger = logging.getLogger(__name__)
@@ -135,6 +142,10 @@ for _gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS):
 kopf.on.event(PODSETS.group, podset_client.VERSION, PODSETS.resource, id="cache-podsets")(
     _feed(PODSETS)
 )
+kopf.on.event(
+    CLUSTER_QUOTAS.group, cluster_quotas.VERSION, CLUSTER_QUOTAS.resource, id="cache-clusterquotas"
+)(_feed(CLUSTER_QUOTAS))
+kopf.on.event("v1", NAMESPACES.resource, id="cache-namespaces")(_feed(NAMESPACES))
 
 
 @kopf.on.probe(id="apiserver")

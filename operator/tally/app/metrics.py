@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -120,6 +121,20 @@ class Metrics:
             "Age of the oldest charge still waiting for its object (0: none).",
             registry=self.registry,
         )
+        self.cluster_quota_usage = Gauge(
+            "tally_clusterquota_usage",
+            "A ClusterQuota's total over its namespaces (the shape of kube-state-metrics' "
+            "openshift_clusterresourcequota_usage).",
+            ["name", "resource", "type"],
+            registry=self.registry,
+        )
+        self.cluster_quota_namespace_usage = Gauge(
+            "tally_clusterquota_namespace_usage",
+            "A ClusterQuota's usage in one namespace it selects "
+            "(openshift_clusterresourcequota_namespace_usage).",
+            ["name", "namespace", "resource", "type"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "tally_leader",
             "1 while this process runs the controllers (it holds the leader election's Lease, "
@@ -130,6 +145,7 @@ class Metrics:
         # The label sets exported per quota, so that names dropped from a quota (or a deleted
         # quota) stop being exported instead of keeping their last value forever.
         self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
+        self._cluster_series: dict[str, set[tuple[str, ...]]] = {}
 
     # -- tally.resourcequota.controller.SyncObserver
 
@@ -150,6 +166,38 @@ class Metrics:
     def quota_deleted(self, key: QuotaKey) -> None:
         for resource, kind in self._series.pop(key, set()):
             self.resource_quota.remove(*key, resource, kind)
+
+    # -- tally.clusterquota.controller.SyncObserver
+
+    def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None:
+        total = status.get("total") or {}
+        current: dict[tuple[str, ...], float] = {}
+        for kind in ("hard", "used"):
+            for resource, text in (total.get(kind) or {}).items():
+                current[("", resource, kind)] = Quantity.parse(text).nanos / _NANOS
+        for entry in status.get("namespaces") or []:
+            for resource, text in ((entry.get("status") or {}).get("used") or {}).items():
+                current[(entry["namespace"], resource, "used")] = (
+                    Quantity.parse(text).nanos / _NANOS
+                )
+        for stale in self._cluster_series.get(name, set()) - set(current):
+            self._remove_cluster_series(name, stale)
+        for labels, value in current.items():
+            if not labels[0]:  # the total (no namespace is named "")
+                self.cluster_quota_usage.labels(name, labels[1], labels[2]).set(value)
+            else:
+                self.cluster_quota_namespace_usage.labels(name, *labels).set(value)
+        self._cluster_series[name] = set(current)
+
+    def cluster_quota_deleted(self, name: str) -> None:
+        for labels in self._cluster_series.pop(name, set()):
+            self._remove_cluster_series(name, labels)
+
+    def _remove_cluster_series(self, name: str, labels: tuple[str, ...]) -> None:
+        if not labels[0]:
+            self.cluster_quota_usage.remove(name, labels[1], labels[2])
+        else:
+            self.cluster_quota_namespace_usage.remove(name, *labels)
 
     def sync_finished(self, duration: float, error: Exception | None) -> None:
         self.sync_duration.observe(duration)

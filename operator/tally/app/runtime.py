@@ -47,11 +47,15 @@ from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import ChargeLedger
+from tally.charges import ChargeLedger, cluster_quota_of
+from tally.clusterquota import quota as cluster_quota
+from tally.clusterquota.admission import ClusterQuotaBinding
+from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
 from tally.evaluators.base import GroupResource, object_count_resource_name
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, new_registry
-from tally.kube import rest
+from tally.kube import cluster_quotas, rest
+from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.lease_lock import KubeLeaseLock
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
@@ -63,12 +67,18 @@ from tally.resourcequota.controller import ResourceQuotaController, quota_key, r
 from tally.resourcequota.discovery import DynamicKinds
 from tally.resourcequota.replenishment import replenisher
 from tally.webhook.configuration import (
+    CLUSTER_QUOTA_WEBHOOK_ID,
     DEFAULT_EXEMPT_NAMESPACES,
     PODSET_WEBHOOK_ID,
     QUOTA_WEBHOOK_ID,
 )
 from tally.webhook.registrar import WebhookRegistrar
-from tally.webhook.server import WebhookServer, podset_review, quota_review
+from tally.webhook.server import (
+    WebhookServer,
+    clusterquota_review,
+    podset_review,
+    quota_review,
+)
 from tally.webhook.tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
 
 logger = logging.getLogger(__name__)
@@ -87,6 +97,15 @@ PODS: Final = GroupResource("", "pods")
 SECRETS: Final = GroupResource("", "secrets")
 PODSETS: Final = GroupResource(podset_client.GROUP, podset_client.PLURAL)
 """tally's own kind: reconciled by the PodSet controller and countable by quotas."""
+CLUSTER_QUOTAS: Final = GroupResource(cluster_quotas.GROUP, cluster_quotas.PLURAL)
+"""tally's ClusterQuotas (cluster-scoped)."""
+NAMESPACES: Final = GroupResource("", "namespaces")
+"""Namespaces, for their labels: what ClusterQuotas select."""
+CLUSTER_SCOPED: Final = frozenset({CLUSTER_QUOTAS, NAMESPACES})
+CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
+"""Admission's lane for every namespace a ClusterQuota selects ("*": no namespace name)."""
+OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
+"""tally's custom resources and their versions: a missing CRD lists as no objects."""
 ADMISSION_TIMEOUT_S: Final = 9.5
 
 
@@ -118,6 +137,14 @@ class Runtime:
         # count/podsets.tally.dev works like any object count (and admission charges it).
         self.registry.register(ObjectCountEvaluator(PODSETS))
         self.informers: dict[GroupResource, Informer[Any]] = {}
+        self.informers[CLUSTER_QUOTAS] = Informer(
+            str(CLUSTER_QUOTAS), Store(_keep_whole, name=str(CLUSTER_QUOTAS)),
+            self._lister(CLUSTER_QUOTAS),
+        )  # fmt: skip
+        self.informers[NAMESPACES] = Informer(
+            str(NAMESPACES), Store(namespace_labels, name=str(NAMESPACES)),
+            self._lister(NAMESPACES),
+        )  # fmt: skip
         for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS):
             evaluator = self.registry.get(gr) if gr not in (RESOURCE_QUOTAS, PODSETS) else None
             store: Store[Any] = Store(
@@ -139,6 +166,7 @@ class Runtime:
         self.accessor = KubeQuotaAccessor(
             self.quotas, api, charges=self.charges if settings.leader_election else None
         )
+        self.cluster_quota_writer = KubeClusterQuotaWriter(api)
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
         # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
@@ -157,6 +185,25 @@ class Runtime:
             charges=self.charges,
             newest=self.accessor.newest,
         )
+        self.cluster_controller = ClusterQuotaController(
+            self.registry,
+            self.informers[CLUSTER_QUOTAS].store,
+            self.informers[NAMESPACES].store,
+            self.stores,
+            self.cluster_quota_writer,
+            workers=settings.workers,
+            resync_period=settings.resync_period,
+            charges=self.charges,
+            newest=self.cluster_quota_writer.newest,
+            metrics_provider=self.metrics.workqueue,
+            observer=self.metrics,
+        )
+        # Admission judges the ClusterQuotas selecting a namespace beside its ResourceQuotas.
+        self.accessor.cluster_quotas = ClusterQuotaBinding(
+            self.cluster_controller,
+            self.informers[CLUSTER_QUOTAS].store,
+            self.cluster_quota_writer,
+        )
         self.charges.recalculate = self._recalculate
         self.admission = QuotaEvaluator(
             self.accessor,
@@ -168,14 +215,15 @@ class Runtime:
             timeout=ADMISSION_TIMEOUT_S,
             metrics=self.metrics,
             charges=self.charges,
+            lane_of=self._admission_lane,
         )
         self.dynamic = DynamicKinds(
             api,
             self.registry,
-            self._all_quotas,
+            self._quota_specs,
             self.stores,
             watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
-            replenish=self.controller.replenish,
+            replenish=self._replenish,
             creations_charged=self.creations_charged,
             charges=self.charges,
             on_kind_synced=self._count_kind_synced,
@@ -206,10 +254,14 @@ class Runtime:
         self._wire_handlers()
 
     def _lister(self, gr: GroupResource) -> Any:
-        version = podset_client.VERSION if gr == PODSETS else "v1"
+        version = OWN_KINDS.get(gr, "v1")
 
-        # None: all namespaces at once.
-        namespaces: list[str | None] = [*sorted(self.settings.watched_namespaces)] or [None]
+        # None: all namespaces at once (and the only choice for cluster-scoped kinds).
+        namespaces: list[str | None] = (
+            [None]
+            if gr in CLUSTER_SCOPED
+            else [*sorted(self.settings.watched_namespaces)] or [None]
+        )
 
         async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
             try:
@@ -219,9 +271,9 @@ class Runtime:
                     ):
                         yield page
             except client.ApiException as error:
-                if error.status == 404 and gr == PODSETS:
-                    # The CRD is not installed (yet): no PodSets. Kopf starts watching them
-                    # when it appears, and those events fill the store.
+                if error.status == 404 and gr in OWN_KINDS:
+                    # The CRD is not installed (yet): no such objects. Kopf starts watching
+                    # them when it appears, and those events fill the store.
                     return
                 raise
 
@@ -260,11 +312,31 @@ class Runtime:
         for gr in (*TRACKED_CORE_KINDS, PODSETS):
             self.informers[gr].add_handler(self._replenisher(gr))
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
+        self.informers[CLUSTER_QUOTAS].add_handler(self._on_cluster_quota)
+        self.informers[NAMESPACES].add_handler(self.cluster_controller.on_namespace)
         self.pod_views.add_handler(self.podset_controller.on_pod)
+
+    def _on_cluster_quota(self, change: Change[Any]) -> None:
+        self.cluster_controller.on_cluster_quota(change)
+        self.dynamic.poke()
+        if self.registrar is not None:
+            self.registrar.quotas_changed()
+
+    def _admission_lane(self, namespace: str) -> str:
+        """Quota admission's pass for ``namespace``'s requests: its own, or the one shared by
+        every namespace a ClusterQuota selects (a name no namespace can have)."""
+        return CLUSTER_QUOTA_LANE if self.cluster_controller.selecting(namespace) else namespace
+
+    def _replenish(
+        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
+    ) -> None:
+        """Usage in ``namespace`` may have changed: both controllers' replenishment."""
+        self.controller.replenish(group_resource, namespace, unsynced_only=unsynced_only)
+        self.cluster_controller.replenish(group_resource, namespace, unsynced_only=unsynced_only)
 
     def _replenisher(self, gr: GroupResource) -> Callable[[Change[Any]], None]:
         return replenisher(
-            self.controller.replenish,
+            self._replenish,
             gr,
             self.registry.get(gr),
             self.informers[gr].store,
@@ -275,7 +347,11 @@ class Runtime:
     def _recalculate(self, keys: Iterable[tuple[str, str]]) -> None:
         """Quotas whose held charges were released (or whose late object arrived)."""
         for key in keys:
-            self.controller.queue.add(key)
+            name = cluster_quota_of(key)
+            if name is None:
+                self.controller.queue.add(key)
+            else:
+                self.cluster_controller.queue.add(name)
 
     # -- lifecycle
 
@@ -320,7 +396,7 @@ class Runtime:
                 tls_name=host,
                 ca_pem=self.tls.ca_bundle,
                 listen=(settings.webhook_addr, settings.webhook_port),
-                quotas=self._all_quotas,
+                quotas=self._quota_specs,
                 evaluators=self.registry.list,
                 failure_policy=settings.webhook_failure_policy,
                 exempt_namespaces=[
@@ -335,7 +411,11 @@ class Runtime:
             self.tls.start(publish=self.registrar.set_ca_bundle)
             # Every replica serves, from synced caches (the LISTs above are the synced point).
             self.webhook_server = WebhookServer(
-                {QUOTA_WEBHOOK_ID: quota_review(self.admit), PODSET_WEBHOOK_ID: podset_review},
+                {
+                    QUOTA_WEBHOOK_ID: quota_review(self.admit),
+                    PODSET_WEBHOOK_ID: podset_review,
+                    CLUSTER_QUOTA_WEBHOOK_ID: clusterquota_review(self.registry),
+                },
                 addr=settings.webhook_addr,
                 port=settings.webhook_port,
                 context=self.tls.context,
@@ -365,6 +445,7 @@ class Runtime:
         """Start everything that must run once in the cluster (module docstring)."""
         self.leading = True
         self.controller.start()
+        self.cluster_controller.start()
         self.podset_controller.start()
         if self.registrar is not None:
             # Registers once Kopf's webhook server (started after the start-up handlers)
@@ -391,7 +472,9 @@ class Runtime:
             self._controllers_stopped = True
             kwargs = {} if grace_period is None else {"grace_period": grace_period}
             await asyncio.gather(
-                self.podset_controller.stop(**kwargs), self.controller.stop(**kwargs)
+                self.podset_controller.stop(**kwargs),
+                self.controller.stop(**kwargs),
+                self.cluster_controller.stop(**kwargs),
             )
 
     async def _lost_leadership(self, reason: str) -> None:
@@ -490,9 +573,23 @@ class Runtime:
                 if name in ((quota.get(section) or {}).get("hard") or {}):
                     self.controller.queue.add(quota_key(quota))
                     break
+        for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace(""):
+            if name in (cluster_quota.spec_quota(cq).get("hard") or {}):
+                self.cluster_controller.queue.add(cluster_quota.name_of(cq))
 
     def _all_quotas(self) -> list[Any]:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
+
+    def _quota_specs(self) -> list[Any]:
+        """Every ResourceQuota, and every ClusterQuota as a ResourceQuota-shaped view: what the
+        webhook rules and the dynamic ``count/`` kinds follow."""
+        return [
+            *self._all_quotas(),
+            *(
+                cluster_quota.as_resource_quota(cq, "")
+                for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace("")
+            ),
+        ]
 
     async def stop(self) -> None:
         # No new review from here; those in progress finish while admission still runs.
@@ -524,7 +621,8 @@ class Runtime:
         if gr == SECRETS and self.tls is not None:
             self._certificate_secret_event(obj)
         watched = self.settings.watched_namespaces
-        if watched and (obj.get("metadata") or {}).get("namespace") not in watched:
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        if watched and gr not in CLUSTER_SCOPED and namespace not in watched:
             return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
         informer = self.informers.get(gr)
         if informer is not None:

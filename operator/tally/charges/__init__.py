@@ -20,6 +20,7 @@ quota controller reads what they hold, each through this package.
 """
 
 from tally.charges.ledger import (
+    CLUSTER_QUOTA_KEY_PREFIX,
     Charge,
     ChargeLedger,
     ChargeMetrics,
@@ -27,9 +28,13 @@ from tally.charges.ledger import (
     ObjectRef,
     QuotaKey,
     ReleaseReason,
+    cluster_quota_key,
+    cluster_quota_of,
+    hold_pending,
 )
 
 __all__ = [
+    "CLUSTER_QUOTA_KEY_PREFIX",
     "Charge",
     "ChargeLedger",
     "ChargeMetrics",
@@ -37,4 +42,7 @@ __all__ = [
     "ObjectRef",
     "QuotaKey",
     "ReleaseReason",
+    "cluster_quota_key",
+    "cluster_quota_of",
+    "hold_pending",
 ]

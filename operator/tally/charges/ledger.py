@@ -51,7 +51,25 @@ from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
 
 QuotaKey = tuple[str, str]
-"""(namespace, name) of a quota."""
+"""(namespace, name) of a ResourceQuota; ``(namespace, "clusterquota:<name>")`` for a
+ClusterQuota's share in one namespace (:func:`cluster_quota_key`)."""
+
+CLUSTER_QUOTA_KEY_PREFIX: Final = "clusterquota:"
+
+
+def cluster_quota_key(namespace: str, name: str) -> QuotaKey:
+    """The key of ClusterQuota ``name``'s share in ``namespace``: its charges are held per
+    namespace, as its status counts them."""
+    return namespace, CLUSTER_QUOTA_KEY_PREFIX + name
+
+
+def cluster_quota_of(key: QuotaKey) -> str | None:
+    """The ClusterQuota a key names; None for a ResourceQuota's key."""
+    name = key[1]
+    return (
+        name[len(CLUSTER_QUOTA_KEY_PREFIX) :] if name.startswith(CLUSTER_QUOTA_KEY_PREFIX) else None
+    )
+
 
 DEFAULT_TIMEOUT_S: Final = 5.0
 """How long a charge may wait for its object (``TALLY_CHARGE_CONFIRM_TIMEOUT``).
@@ -359,6 +377,28 @@ class ChargeLedger:
             self.expire()
         finally:
             self._arm()
+
+
+def hold_pending(
+    calculated: Mapping[str, Quantity],
+    status_used: Mapping[str, Quantity],
+    held: Mapping[str, Quantity],
+) -> dict[str, Quantity]:
+    """The usage a recalculation writes: ``calculated`` from the caches, except that a value
+    below the status is lowered no further than the caches plus the pending charges allow.
+
+    Admission writes a charge before its object exists; until the caches show the object (or
+    the charge is released), lowering the status to what the caches count would erase the
+    charge and let admission admit past the limit. Never above the status either: a pending
+    charge only keeps what admission wrote, so a charge whose object the caches already count
+    (confirmed a moment later) cannot raise usage twice.
+    """
+    result = dict(calculated)
+    for name, value in calculated.items():
+        previous, extra = status_used.get(name), held.get(name)
+        if previous is not None and extra is not None and value < previous:
+            result[name] = min(previous, value + extra)
+    return result
 
 
 K = TypeVar("K")

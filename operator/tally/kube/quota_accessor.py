@@ -13,7 +13,7 @@ The informer here is the usage controller's quota store, synced before the webho
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
@@ -26,6 +26,8 @@ from tally.quota.quantity import Quantity
 Obj = Mapping[str, Any]
 
 
+CLUSTER_QUOTA_KIND: Final = "ClusterQuota"
+"""``kind`` of the ClusterQuota views admission judges (``tally.clusterquota.quota.KIND``)."""
 UPDATED_QUOTAS_SIZE: Final = 100
 """Upstream's ``lru.New(100)`` for the updated-quotas cache."""
 
@@ -51,6 +53,17 @@ def _key(quota: Obj) -> tuple[str, str]:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
+class ClusterQuotaViews(Protocol):
+    """The ClusterQuotas binding a namespace, as admission judges them
+    (:class:`tally.clusterquota.admission.ClusterQuotaBinding`)."""
+
+    def views(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def write(
+        self, view: Obj, charged_by_namespace: Mapping[str, Mapping[str, Quantity]]
+    ) -> dict[str, Any]: ...
+
+
 class KubeQuotaAccessor:
     """``QuotaAccessor`` over the controller's quota store and the API.
 
@@ -60,7 +73,11 @@ class KubeQuotaAccessor:
     """
 
     def __init__(
-        self, quotas: Store[Obj], api: client.ApiClient, charges: ChargeLedger | None = None
+        self,
+        quotas: Store[Obj],
+        api: client.ApiClient,
+        charges: ChargeLedger | None = None,
+        cluster_quotas: ClusterQuotaViews | None = None,
     ) -> None:
         """``charges``: where raises of usage this process did not write are held
         (:meth:`usage_raised`); None ignores them. Pass one only when other replicas' admission
@@ -69,6 +86,8 @@ class KubeQuotaAccessor:
         upstream's controller does."""
         self._quotas = quotas
         self._api = api
+        self.cluster_quotas = cluster_quotas
+        """ClusterQuotas are judged beside the namespace's ResourceQuotas (None: none are)."""
         self._updated = UpdatedQuotas()
         self._charges = charges
         # Telling our own status writes from other replicas' on the quota watch. A write's
@@ -87,12 +106,16 @@ class KubeQuotaAccessor:
     async def get_quotas(self, namespace: str) -> list[Obj]:
         """The namespace's quotas by name, each the newer of the cached and our written copy.
 
-        No I/O: a namespace without quotas costs a dictionary lookup.
+        No I/O: a namespace without quotas costs a dictionary lookup. The views of the
+        ClusterQuotas selecting the namespace follow, by name.
         """
-        return sorted(
+        quotas = sorted(
             (self._updated.check_cache(q) for q in self._quotas.in_namespace(namespace)),
             key=_key,
         )
+        if self.cluster_quotas is not None:
+            quotas.extend(self.cluster_quotas.views(namespace))
+        return quotas
 
     async def _put_status(self, quota: Obj) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
@@ -111,8 +134,16 @@ class KubeQuotaAccessor:
         self._updated.add(stored)
         return stored
 
-    async def update_quota_status(self, quota: Obj) -> Obj:
-        """Admission's write (``QuotaAccessor``): the CAS status update."""
+    async def update_quota_status(
+        self,
+        quota: Obj,
+        *,
+        charged_by_namespace: Mapping[str, Mapping[str, Quantity]] | None = None,
+    ) -> Obj:
+        """Admission's write (``QuotaAccessor``): the CAS status update, of the ResourceQuota
+        or of the ClusterQuota a view stands for."""
+        if quota.get("kind") == CLUSTER_QUOTA_KIND and self.cluster_quotas is not None:
+            return await self.cluster_quotas.write(quota, charged_by_namespace or {})
         return await self._put_status(quota)
 
     def _wrote(self, key: QuotaKey, stored: Obj | None) -> None:

@@ -60,6 +60,7 @@ from kubernetes_asyncio import client
 from tally.kube import rest
 from tally.machinery.cache import Store
 from tally.machinery.informers import Informer
+from tally.workqueue import start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -223,8 +224,14 @@ class Reflector:
         self.failure = None
         self.resource_version = None
         self._backoff.reset()
-        self._task = asyncio.create_task(self.run(), name=f"reflector-{self.name}")
-        self._task.add_done_callback(self._log_exit)
+        # ``run`` returns only after reporting a fatal error itself; only a crash is logged here.
+        self._task = start_watched(
+            self.run(),
+            name=f"reflector-{self.name}",
+            logger=logger,
+            died="%(reflector)s: reflector died; the kind is no longer watched",
+            context={"reflector": self.name},
+        )
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -237,15 +244,6 @@ class Reflector:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
-
-    def _log_exit(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None:
-            logger.critical(
-                "%s: reflector died; the kind is no longer watched", self.name, exc_info=error
-            )
 
     # -- the state machine
 

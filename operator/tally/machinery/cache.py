@@ -144,6 +144,10 @@ class Store(Generic[P]):
     def namespaces(self) -> list[str]:
         return list(self._entries)
 
+    def names_in(self, namespace: str) -> list[str]:
+        """The names of the objects in ``namespace`` (``""``: cluster-scoped objects)."""
+        return list(self._entries.get(namespace, {}))
+
     def __len__(self) -> int:
         return sum(len(names) for names in self._entries.values())
 

@@ -16,8 +16,8 @@ it", ported from ``events_cache.go`` (the correlator) and ``event.go`` (recorder
      :func:`get_event_key`; for an aggregate, the same aggregate key) is not created again but
      patched: its ``count`` goes up and ``lastTimestamp``/``message`` are replaced;
   3. **filter** (:class:`EventSourceObjectSpamFilter`): a token bucket per source, object and
-     type (:func:`get_spam_key`) lets 25 Events through at once and one more every 300 s; the
-     rest are dropped.
+     type (:func:`get_spam_key`; :class:`tally.workqueue.TokenBucket`, asked passively) lets 25
+     Events through at once and one more every 300 s; the rest are dropped.
 
   So a PodSet scaled 0 → 500 costs 9 creates, 1 create of the aggregate and 15 patches of it (25
   writes; the 475 later ``SuccessfulCreate`` Events are dropped), like kube-controller-manager's
@@ -35,8 +35,9 @@ it", ported from ``events_cache.go`` (the correlator) and ``event.go`` (recorder
   learn each answer before it decides about the next Event.
 
 Pure: no Kopf, no API client; the sink is a protocol, time comes from an injectable
-:class:`PassiveClock` (wall-clock nanoseconds: Events carry dates, and aggregate names carry
-``UnixNano``). Everything runs on one event loop, so the mutexes upstream takes are left out.
+:class:`tally.workqueue.Clock`, read with ``time_ns()`` (wall-clock nanoseconds: Events carry
+dates, and aggregate names carry ``UnixNano``). Everything runs on one event loop, so the
+mutexes upstream takes are left out.
 
 Names follow upstream (``event_correlate``, ``event_aggregate``, ``event_observe``,
 ``update_state``, ``filter``); upstream's ``CorrelatorOptions`` are the keyword arguments of
@@ -63,10 +64,12 @@ import logging
 import random
 import re
 import struct
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, Protocol, TypeVar
+
+from tally.workqueue import clock as clocks
+from tally.workqueue import tokenbucket
 
 logger = logging.getLogger(__name__)
 
@@ -150,20 +153,6 @@ class Event:
     reporting_controller: str = ""
     """``reportingComponent`` on the wire."""
     reporting_instance: str = ""
-
-
-class PassiveClock(Protocol):
-    """Where the recorder and the correlator read the time (``k8s.io/utils/clock.PassiveClock``)."""
-
-    def now(self) -> int:
-        """Wall-clock time in nanoseconds since the Unix epoch."""
-
-
-class RealClock:
-    """``time.time_ns()``."""
-
-    def now(self) -> int:
-        return time.time_ns()
 
 
 # -- the wire form -----------------------------------------------------------------------------
@@ -363,7 +352,7 @@ def event_aggregator_by_reason_message_func(event: Event) -> str:
     return "(combined from similar events): " + event.message
 
 
-# -- LRU and token bucket ----------------------------------------------------------------------
+# -- LRU and the spam rate ---------------------------------------------------------------------
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -400,34 +389,9 @@ def _float32(value: float) -> float:
     return rounded
 
 
-class _PassiveTokenBucket:
-    """``flowcontrol.NewTokenBucketPassiveRateLimiterWithClock``: ``golang.org/x/time/rate``'s
-    ``Limiter.AllowN(now, 1)``. Starts full; a refused call changes nothing."""
-
-    def __init__(self, qps: float, burst: int) -> None:
-        self._limit = _float32(qps)
-        self._burst = burst
-        #: Tokens at ``_last``.
-        self._tokens = float(burst)
-        #: When a token was last taken; None (Go's zero time) refills the bucket to ``burst``.
-        self._last: int | None = None
-
-    def try_accept(self, now: int) -> bool:
-        # advance(): tokens earned since the last take, capped at burst.
-        if self._last is None:
-            tokens = float(self._burst)
-        else:
-            last = min(self._last, now)
-            tokens = min(float(self._burst), self._tokens + (now - last) / 1e9 * self._limit)
-        tokens -= 1
-        # Go converts the wait to whole nanoseconds, truncating: a deficit worth less than 1 ns
-        # is no wait at all.
-        wait_ns = int(1e9 * (-tokens / self._limit)) if tokens < 0 else 0
-        if self._burst < 1 or wait_ns > 0:
-            return False
-        self._last = now
-        self._tokens = tokens
-        return True
+_NS_PER_SECOND: Final = 1e9
+"""Nanoseconds in a second: the scale of the wall-clock times the spam filter's buckets are
+given (:meth:`tally.workqueue.TokenBucket.allow` divides elapsed time by it)."""
 
 
 # -- the correlator's three parts --------------------------------------------------------------
@@ -435,19 +399,24 @@ class _PassiveTokenBucket:
 
 class EventSourceObjectSpamFilter:
     """Limits how many Events a source sends about one object: one token bucket (``burst``,
-    refilled at ``qps``) per :func:`get_spam_key`, in an LRU of ``lru_cache_size`` buckets."""
+    refilled at ``qps``) per :func:`get_spam_key`, in an LRU of ``lru_cache_size`` buckets.
+
+    Each bucket is ``flowcontrol.NewTokenBucketPassiveRateLimiterWithClock``: asked with
+    ``AllowN(now, 1)`` (:meth:`tally.workqueue.TokenBucket.allow`), on the clock's wall
+    nanoseconds, with upstream's ``float32`` rate; a refused Event takes no token.
+    """
 
     def __init__(
         self,
         lru_cache_size: int,
         burst: int,
         qps: float,
-        clock: PassiveClock,
+        clock: clocks.Clock,
         spam_key_func: EventSpamKeyFunc,
     ) -> None:
-        self._cache: _LRU[str, _PassiveTokenBucket] = _LRU(lru_cache_size)
+        self._cache: _LRU[str, tokenbucket.TokenBucket] = _LRU(lru_cache_size)
         self._burst = burst
-        self._qps = qps
+        self._qps = _float32(qps)
         self._clock = clock
         self._spam_key_func = spam_key_func
 
@@ -456,8 +425,8 @@ class EventSourceObjectSpamFilter:
         key = self._spam_key_func(event)
         limiter = self._cache.get(key)
         if limiter is None:
-            limiter = _PassiveTokenBucket(self._qps, self._burst)
-        skip = not limiter.try_accept(self._clock.now())
+            limiter = tokenbucket.TokenBucket(self._qps, self._burst, per_second=_NS_PER_SECOND)
+        skip = not limiter.allow(self._clock.time_ns())
         self._cache.add(key, limiter)
         return skip
 
@@ -482,7 +451,7 @@ class EventAggregator:
         message_func: EventAggregatorMessageFunc,
         max_events: int,
         max_interval_in_seconds: int,
-        clock: PassiveClock,
+        clock: clocks.Clock,
     ) -> None:
         self._cache: _LRU[str, _AggregateRecord] = _LRU(lru_cache_size)
         self._key_func = key_func
@@ -495,7 +464,7 @@ class EventAggregator:
         """The Event to write and its cache key for de-duplication: ``new_event`` and its full
         :func:`get_event_key` below the threshold; else a new aggregate Event and the aggregate
         key (so that each later one patches the same aggregate)."""
-        now = self._clock.now()
+        now = self._clock.time_ns()
         event_key = get_event_key(new_event)
         aggregate_key, local_key = self._key_func(new_event)
 
@@ -608,7 +577,7 @@ class EventCorrelator:
 
     def __init__(
         self,
-        clock: PassiveClock | None = None,
+        clock: clocks.Clock | None = None,
         *,
         lru_cache_size: int = MAX_LRU_CACHE_ENTRIES,
         burst_size: int = DEFAULT_SPAM_BURST,
@@ -619,7 +588,7 @@ class EventCorrelator:
         max_interval_in_seconds: int = DEFAULT_AGGREGATE_INTERVAL_IN_SECONDS,
         spam_key_func: EventSpamKeyFunc = get_spam_key,
     ) -> None:
-        clock = clock if clock is not None else RealClock()
+        clock = clock if clock is not None else clocks.RealClock()
         self._filter = EventSourceObjectSpamFilter(
             lru_cache_size, burst_size, qps, clock, spam_key_func
         )
@@ -819,7 +788,7 @@ class EventBroadcaster:
         sink: EventSink,
         source: EventSource,
         *,
-        clock: PassiveClock | None = None,
+        clock: clocks.Clock | None = None,
         correlator: EventCorrelator | None = None,
         sleep_duration: float = DEFAULT_SLEEP_DURATION,
         max_queued_events: int = MAX_QUEUED_EVENTS,
@@ -827,7 +796,7 @@ class EventBroadcaster:
     ) -> None:
         self._sink = sink
         self._source = source
-        self._clock: PassiveClock = clock if clock is not None else RealClock()
+        self._clock: clocks.Clock = clock if clock is not None else clocks.RealClock()
         self.correlator = correlator if correlator is not None else EventCorrelator(self._clock)
         self._sleep_duration = sleep_duration
         self._rand = rand
@@ -845,7 +814,7 @@ class EventBroadcaster:
         if self._stopping.is_set():
             logger.error("unable to record event %s: recorder is shut down", reason)
             return
-        event = make_event(ref, event_type, reason, message, self._source, self._clock.now())
+        event = make_event(ref, event_type, reason, message, self._source, self._clock.time_ns())
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:

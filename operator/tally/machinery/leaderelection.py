@@ -62,6 +62,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
+from tally.workqueue import start_watched
+
 logger = logging.getLogger(__name__)
 
 JITTER_FACTOR: Final = 1.2
@@ -426,8 +428,13 @@ class LeaderElector:
     # -- lifecycle
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self.run(), name="leader-election")
-        self._task.add_done_callback(_log_exit)
+        # ``run`` returns after reporting a lost lease itself; only a crash is logged here.
+        self._task = start_watched(
+            self.run(),
+            name="leader-election",
+            logger=logger,
+            died="leader election: loop died: %(error)r",
+        )
 
     async def stop(self, *, release: bool) -> None:
         """Stop the loops; with ``release``, give the lease up so that another candidate takes
@@ -569,11 +576,3 @@ class LeaderElector:
             logger.info("leader election: lease %s is held by %s", self.lock.describe(), holder)
         if self._on_new_leader is not None:
             self._on_new_leader(holder)
-
-
-def _log_exit(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        logger.critical("leader election: loop died: %r", error, exc_info=error)

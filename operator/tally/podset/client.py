@@ -9,20 +9,22 @@ correlator): recorded without blocking, aggregated, counted and spam-filtered, t
 patched by one background task through :class:`KubeEventSink`. A lost Event must never fail or
 slow a sync.
 
-An optional :class:`TokenBucket` (``TALLY_PODSET_QPS`` / ``TALLY_PODSET_BURST``) sits in front
-of the pod writes, the PodSet reads and status writes, and the Event writes, like the
-client-side rate limiter of kube-controller-manager's ``replicaset-controller`` client
-(``--kube-api-qps`` 20 / ``--kube-api-burst`` 30 by default), which its Event sink shares, so
-the two can be compared on equal terms.
+An optional :class:`tally.workqueue.TokenBucket` (``TALLY_PODSET_QPS`` /
+``TALLY_PODSET_BURST``, built by :func:`token_bucket`) sits in front of the pod writes, the
+PodSet reads and status writes, and the Event writes, like the client-side rate limiter of
+kube-controller-manager's ``replicaset-controller`` client (``--kube-api-qps`` 20 /
+``--kube-api-burst`` 30 by default), which its Event sink shares, so the two can be compared
+on equal terms. Each request first awaits :meth:`~tally.workqueue.TokenBucket.wait`
+(client-go's ``flowcontrol.NewTokenBucketRateLimiter``): concurrent requests are served in call
+order at exactly ``qps``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from kubernetes_asyncio import client
@@ -32,7 +34,7 @@ from tally.machinery import events
 from tally.machinery.errors import Conflict
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
-from tally.workqueue import BucketRateLimiter, Clock
+from tally.workqueue import TokenBucket
 
 logger = logging.getLogger(__name__)
 
@@ -60,39 +62,10 @@ def _control_error(error: client.ApiException) -> PodControlError:
     return PodControlError(message, status=int(error.status or 0), causes=causes)
 
 
-class TokenBucket:
-    """client-go's ``flowcontrol.NewTokenBucketRateLimiter``: ``qps`` requests a second, up to
-    ``burst`` at once after a quiet spell; :meth:`wait` before each request.
-
-    Built on :class:`tally.workqueue.BucketRateLimiter` (``rate.Limiter.Reserve``): each
-    ``wait`` reserves the next token, borrowing from the future when the bucket is empty, and
-    sleeps until that token exists, so concurrent waiters are served in call order at exactly
-    ``qps``. A cancelled wait keeps its reservation (client-go's ``Wait`` would return it): at
-    worst one token is lost per cancellation.
-    """
-
-    def __init__(
-        self,
-        qps: float,
-        burst: int,
-        *,
-        clock: Clock | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.qps = qps
-        self.burst = burst
-        self._bucket: BucketRateLimiter[str] = BucketRateLimiter(qps, burst, clock=clock)
-        self._sleep = sleep
-
-    async def wait(self) -> None:
-        delay = self._bucket.when("")
-        if delay > 0:
-            await self._sleep(delay)
-
-
 def token_bucket(qps: float, burst: int) -> TokenBucket | None:
     """The limiter the settings ask for: None (unlimited) when ``qps`` is 0; a ``burst`` of 0
-    means ``ceil(qps)`` (one second's worth)."""
+    means ``ceil(qps)`` (one second's worth). A cancelled ``wait`` keeps its token (client-go's
+    ``Wait`` would give it back): at worst one is lost per cancellation."""
     if qps <= 0:
         return None
     return TokenBucket(qps, burst if burst > 0 else max(1, math.ceil(qps)))

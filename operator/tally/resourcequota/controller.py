@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.charges import ChargeLedger
+from tally.charges import ChargeLedger, hold_pending
 from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.machinery.cache import Store
@@ -52,6 +52,7 @@ from tally.workqueue import (
     RateLimitingQueue,
     WorkerPool,
     default_controller_rate_limiter,
+    start_watched,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ DEFAULT_WORKERS: Final = 5
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
+_UNEXPECTED_EXIT: Final = "task %(task)s ended unexpectedly: %(error)r"
+"""The resync loop runs until :meth:`ResourceQuotaController.stop` cancels it; any other end,
+crash or return, is logged (CRITICAL) with this."""
 
 
 class QuotaStatusWriter(Protocol):
@@ -152,7 +156,7 @@ class ResourceQuotaController:
         the cache); syncs compare with and write over that copy."""
         self.charges = charges
         """Admission's charges whose objects the caches have not shown yet: a sync never
-        lowers usage below what they hold (see :func:`hold_pending`)."""
+        lowers usage below what they hold (see :func:`tally.charges.hold_pending`)."""
         self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
             default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
         )
@@ -357,8 +361,13 @@ class ResourceQuotaController:
         """Start the workers and the resync loop; the caches must be synced already."""
         for pool in self._pools:
             pool.start()
-        self._resync_task = asyncio.create_task(self._resync_loop(), name="resourcequota-resync")
-        self._resync_task.add_done_callback(_log_unexpected_exit)
+        self._resync_task = start_watched(
+            self._resync_loop(),
+            name="resourcequota-resync",
+            logger=logger,
+            died=_UNEXPECTED_EXIT,
+            ended=_UNEXPECTED_EXIT,
+        )
 
     async def _resync_loop(self) -> None:
         while True:
@@ -377,35 +386,6 @@ class ResourceQuotaController:
 
 class InvalidQuota(ValueError):
     """A quota whose spec or status cannot be parsed."""
-
-
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    logger.critical("task %s ended unexpectedly: %r", task.get_name(), error, exc_info=error)
-
-
-def hold_pending(
-    calculated: Mapping[str, Quantity],
-    status_used: Mapping[str, Quantity],
-    held: Mapping[str, Quantity],
-) -> dict[str, Quantity]:
-    """The usage a sync writes: ``calculated`` from the caches, except that a value below the
-    status is lowered no further than the caches plus the pending charges allow.
-
-    Admission writes a charge before its object exists; until the caches show the object (or
-    the charge is released), lowering the status to what the caches count would erase the
-    charge and let admission admit past the limit. Never above the status either: a pending
-    charge only keeps what admission wrote, so a charge whose object the caches already count
-    (confirmed a moment later) cannot raise usage twice.
-    """
-    result = dict(calculated)
-    for name, value in calculated.items():
-        previous, extra = status_used.get(name), held.get(name)
-        if previous is not None and extra is not None and value < previous:
-            result[name] = min(previous, value + extra)
-    return result
 
 
 def raised_usage(old: Obj, new: Obj) -> dict[str, Quantity]:

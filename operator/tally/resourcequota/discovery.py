@@ -75,6 +75,7 @@ from tally.kube import rest
 from tally.kube.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
 from tally.machinery.cache import Store
 from tally.resourcequota.replenishment import Replenish, replenisher
+from tally.workqueue import start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -466,8 +467,13 @@ class DynamicKinds:
         """Run passes: one now, then every ``period`` seconds and after each :meth:`poke`."""
         if self._task is not None and not self._task.done():
             return
-        self._task = asyncio.create_task(self._run(), name="dynamic-kinds")
-        self._task.add_done_callback(_log_exit)
+        self._task = start_watched(
+            self._run(),
+            name="dynamic-kinds",
+            logger=logger,
+            died="dynamic kinds: manager died; count/ kinds are no longer discovered",
+            ended="dynamic kinds: manager ended unexpectedly",
+        )
 
     def poke(self) -> None:
         """Quotas changed: re-check which resources they name (debounced, non-blocking)."""
@@ -691,14 +697,3 @@ def _quota_name(quota_obj: Obj) -> str:
 def _quota_identity(quota_obj: Obj) -> str:
     metadata = quota_obj.get("metadata") or {}
     return str(metadata.get("uid") or _quota_name(quota_obj))
-
-
-def _log_exit(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        logger.critical("dynamic kinds: manager died; count/ kinds are no longer discovered",
-                        exc_info=error)  # fmt: skip
-    else:
-        logger.critical("dynamic kinds: manager ended unexpectedly")

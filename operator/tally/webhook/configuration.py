@@ -47,6 +47,16 @@ PODSET_RULE: Final = {
     "scope": "Namespaced",
 }
 
+CLUSTER_QUOTA_WEBHOOK_ID: Final = "validate-clusterquotas"
+CLUSTER_QUOTA_WEBHOOK_NAME: Final = "clusterquotas.tally.dev"
+CLUSTER_QUOTA_RULE: Final = {
+    "apiGroups": ["tally.dev"],
+    "apiVersions": ["v1alpha1"],
+    "resources": ["clusterquotas"],
+    "operations": ["CREATE", "UPDATE"],
+    "scope": "Cluster",
+}
+
 CORE_RESOURCES: Final = (
     "pods",
     "pods/resize",  # an in-place resize is charged by its growth, as upstream charges it
@@ -212,5 +222,9 @@ def validating_webhook_configuration(
         "webhooks": [
             webhook(WEBHOOK_NAME, QUOTA_WEBHOOK_ID, rules),
             webhook(PODSET_WEBHOOK_NAME, PODSET_WEBHOOK_ID, [dict(PODSET_RULE)]),
+            # Cluster-scoped objects: the namespaceSelector never skips them.
+            webhook(
+                CLUSTER_QUOTA_WEBHOOK_NAME, CLUSTER_QUOTA_WEBHOOK_ID, [dict(CLUSTER_QUOTA_RULE)]
+            ),
         ],
     }

@@ -37,6 +37,7 @@ from tally.webhook.configuration import (
     validating_webhook_configuration,
     webhook_rules,
 )
+from tally.workqueue import start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +125,10 @@ class WebhookRegistrar:
         return f"service {self._service.namespace}/{self._service.name}:{self._service.port}"
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._register_when_serving(), name="webhook-registrar")
-        self._task.add_done_callback(_log_failure)
+        # Returning (registered) and cancellation (stop) are expected; only a crash is logged.
+        self._task = start_watched(
+            self._register_when_serving(), name="webhook-registrar", logger=logger
+        )
 
     async def _register_when_serving(self) -> None:
         host, port = self._listen
@@ -211,8 +214,7 @@ class WebhookRegistrar:
             or (self._refresh is not None and not self._refresh.done())
         ):
             return
-        self._refresh = asyncio.create_task(self._refresh_rules(), name="webhook-rules")
-        self._refresh.add_done_callback(_log_failure)
+        self._refresh = start_watched(self._refresh_rules(), name="webhook-rules", logger=logger)
 
     async def _refresh_rules(self) -> None:
         await asyncio.sleep(REFRESH_DEBOUNCE_S)
@@ -240,11 +242,3 @@ class WebhookRegistrar:
                     _request_timeout=rest.REQUEST_TIMEOUT_S,
                 )
             logger.info("webhook %s removed", self.name)
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        logger.critical("%s failed: %r", task.get_name(), error, exc_info=error)

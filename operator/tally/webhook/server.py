@@ -31,7 +31,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
+from tally.clusterquota import quota as cluster_quota
 from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import Registry, group_resource_for_count_name
 from tally.podset import validation
 
 logger = logging.getLogger(__name__)
@@ -235,6 +237,43 @@ async def podset_review(review: dict[str, Any]) -> dict[str, Any]:
         name = str(request.get("name") or (new.get("metadata") or {}).get("name") or "")
         return review_response(review, False, validation.invalid_message(name, errors), 422)
     return review_response(review, True)
+
+
+def clusterquota_review(registry: Registry) -> ReviewHandler:
+    """ClusterQuota validation: ResourceQuota's rules for the spec (resource names, quantities,
+    scopes) and a label selector that parses; 422, as the API server refuses an invalid object,
+    with every problem named."""
+
+    async def review(review: dict[str, Any]) -> dict[str, Any]:
+        request = review["request"]
+        new = request.get("object")
+        if new is None:
+            return review_response(review, True)
+        errors = cluster_quota.validate(new)
+        raw_hard = cluster_quota.spec_quota(new).get("hard")
+        for resource in sorted(raw_hard) if isinstance(raw_hard, Mapping) else ():
+            if not _measurable(registry, str(resource)):
+                errors.append(
+                    f'spec.quota.hard[{resource}]: Unsupported value: "{resource}": not a '
+                    "resource any quota evaluator measures"
+                )
+        if errors:
+            name = str(request.get("name") or (new.get("metadata") or {}).get("name") or "")
+            message = f'ClusterQuota.tally.dev "{name}" is invalid: ' + (
+                errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+            )
+            return review_response(review, False, message, 422)
+        return review_response(review, True)
+
+    return review
+
+
+def _measurable(registry: Registry, resource: str) -> bool:
+    """Whether some evaluator measures ``resource``, or it counts objects (``count/<r>.<g>``:
+    the kind may be created later, as for a ResourceQuota)."""
+    if group_resource_for_count_name(resource) is not None:
+        return True
+    return any(evaluator.matching_resources([resource]) for evaluator in registry.list())
 
 
 def _describe(review: Mapping[str, Any]) -> str:

@@ -76,6 +76,7 @@ from kubernetes_asyncio import client
 from tally.kube import rest
 from tally.webhook import certs
 from tally.webhook.certs import Material, MaterialError, Policy
+from tally.workqueue import start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -312,8 +313,7 @@ class ServingTLS:
         (it has the current one already)."""
         self._publish = publish
         self._published = self.ca_bundle
-        self._task = asyncio.create_task(self._run(), name="webhook-tls")
-        self._task.add_done_callback(_log_failure)
+        self._task = start_watched(self._run(), name="webhook-tls", logger=logger)
 
     def changed(self, version: str) -> None:
         """The stored material was written (a watch event with this version): a pass soon,
@@ -484,11 +484,3 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     with os.fdopen(fd, "wb") as sink:
         sink.write(data)
     os.replace(partial, path)
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        logger.critical("%s failed: %r", task.get_name(), error, exc_info=error)

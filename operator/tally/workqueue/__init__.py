@@ -4,9 +4,16 @@ This package is part of tally's pure core. It imports none of ``kopf``, ``kubern
 or ``pydantic``, starts no thread, and needs no cluster. ``prometheus_client`` is imported only
 when a :class:`PrometheusMetricsProvider` is built.
 
+Being the bottom layer, it also holds the three pieces every layer above shares: the clock,
+the token bucket and the watched task, so that each exists once.
+
 One concern per module, each building on the one before, as the client-go interfaces do:
 
-* ``clock``: the injectable :class:`Clock`, and :class:`FakeClock` for tests;
+* ``clock``: the injectable :class:`Clock` (the whole pure core's), and :class:`FakeClock`
+  for tests;
+* ``tasks``: :func:`start_watched`, a task whose unexpected end is logged (for every layer);
+* ``tokenbucket``: the :class:`TokenBucket` (``golang.org/x/time/rate``) every rate limit in
+  tally is built on;
 * ``queue``: the plain :class:`Queue` (fair, stingy, re-adds during processing, shutdown);
 * ``delaying``: :class:`DelayingQueue` adds ``add_after``;
 * ``limiters``: the :class:`RateLimiter` protocol and its implementations;
@@ -33,6 +40,8 @@ from tally.workqueue.metrics import MetricsProvider, NoopMetricsProvider, Promet
 from tally.workqueue.queue import Queue, ShutDown
 from tally.workqueue.rate_limiting import RateLimitingQueue
 from tally.workqueue.runner import DEFAULT_STOP_TIMEOUT, WorkerPool
+from tally.workqueue.tasks import start_watched
+from tally.workqueue.tokenbucket import TokenBucket
 
 __all__ = [
     "DEFAULT_STOP_TIMEOUT",
@@ -51,6 +60,8 @@ __all__ = [
     "RateLimitingQueue",
     "RealClock",
     "ShutDown",
+    "TokenBucket",
     "WorkerPool",
     "default_controller_rate_limiter",
+    "start_watched",
 ]

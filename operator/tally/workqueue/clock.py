@@ -1,10 +1,21 @@
-"""Time for the work queue: a two-method ``Clock`` protocol, the real clock and a fake one.
+"""Time for tally's pure core: one ``Clock`` protocol, the real clock and a fake one.
 
-This module owns the only place where the work queue learns what time it is and asks to be woken
-up later. client-go passes a ``clock.WithTicker`` into its queues "for testing purposes"; tally
-does the same with :class:`Clock`, so the delaying queue, the token bucket and the queue metrics
-can all be driven by :class:`FakeClock` in tests, which moves only when a test calls
+This module owns the only place where the core learns what time it is and asks to be woken up
+later. client-go passes a ``clock.WithTicker`` into its queues, and a ``clock.PassiveClock``
+into its event correlator, "for testing purposes"; tally does the same with :class:`Clock`, so
+the delaying queue, the token bucket, the queue metrics and the event recorder can all be
+driven by a fake in tests. :class:`FakeClock` moves only when a test calls
 :meth:`FakeClock.step` and never sleeps.
+
+One protocol with two readings, because Python has no ``time.Time`` that carries both:
+
+* :meth:`Clock.now` is ``float`` seconds on a monotonic scale, as everywhere in asyncio: what
+  delays, deadlines and rates are measured on. Deadlines are absolute values on the clock's own
+  scale; only differences between two readings of the same clock mean anything.
+* :meth:`Clock.time_ns` is wall-clock nanoseconds since the Unix epoch: what Events carry
+  (their timestamps, and the ``UnixNano`` in an aggregate's name). Only the event correlator
+  reads it, and also measures its aggregation window and spam-filter refill on it, in integer
+  nanoseconds as upstream's ``time.Time`` arithmetic does.
 
 Why timers instead of a waiting loop: client-go's delaying queue runs a goroutine that selects
 on a timer, a heartbeat and a channel of new entries. On a single asyncio event loop the same
@@ -12,12 +23,12 @@ effect needs no task at all: the delaying queue keeps one timer armed for its ea
 (``call_at``), and the event loop (or the fake clock) calls it back. No task means nothing that
 can die unwatched.
 
-Times are ``float`` seconds on a monotonic scale, as everywhere in asyncio. Deadlines are
-absolute values on the clock's own scale; only differences between two readings of the same
-clock mean anything.
+It lives in :mod:`tally.workqueue`, the bottom layer, so that every package above
+(:mod:`tally.machinery` included) can take one.
 
-Left out: wall-clock time (nothing here needs dates), tickers (the one periodic job, the
-unfinished-work metric, re-arms a timer), and thread safety (everything runs on one loop).
+Left out: tickers (the one periodic job, the unfinished-work metric, re-arms a timer), sleeping
+(callers that sleep take an injectable ``sleep``), and thread safety (everything runs on one
+loop).
 """
 
 from __future__ import annotations
@@ -38,10 +49,13 @@ class TimerHandle(Protocol):
 
 
 class Clock(Protocol):
-    """Where the work queue reads the time and schedules wake-ups."""
+    """Where the pure core reads the time and schedules wake-ups."""
 
     def now(self) -> float:
         """Monotonic time in seconds."""
+
+    def time_ns(self) -> int:
+        """Wall-clock time in nanoseconds since the Unix epoch (``time.time_ns``)."""
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         """Call ``callback`` once, as soon as ``now() >= when``.
@@ -52,7 +66,7 @@ class Clock(Protocol):
 
 
 class RealClock:
-    """The monotonic clock, with callbacks scheduled on the running asyncio event loop.
+    """The monotonic and wall clocks, with callbacks scheduled on the running asyncio event loop.
 
     ``call_at`` must be called with a running loop (from a coroutine or a loop callback). The
     deadline is converted to a delay from ``now()`` before it is handed to the loop, so the
@@ -62,6 +76,9 @@ class RealClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+    def time_ns(self) -> int:
+        return time.time_ns()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         loop = asyncio.get_running_loop()
@@ -85,6 +102,9 @@ class FakeClock:
     :meth:`step` advances the time and runs every due callback synchronously, earliest deadline
     first (ties in scheduling order), including callbacks scheduled by those callbacks if they
     are due too. Nothing ever sleeps, so a test of a 1000 s back-off runs in microseconds.
+
+    Its wall clock is its own time read as seconds since the Unix epoch: both readings move
+    together, and ``FakeClock()`` starts at the epoch.
     """
 
     def __init__(self, start: float = 0.0) -> None:
@@ -95,6 +115,9 @@ class FakeClock:
 
     def now(self) -> float:
         return self._now
+
+    def time_ns(self) -> int:
+        return round(self._now * 1_000_000_000)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         timer = _FakeTimer(callback)

@@ -7,7 +7,8 @@ and its implementations, which combine:
 * :class:`ItemExponentialFailureRateLimiter`: per item, ``base * 2**failures``, capped at a
   maximum. Failures count up on every ``when`` until ``forget``.
 * :class:`BucketRateLimiter`: one token bucket shared by all items (``golang.org/x/time/rate``
-  ``Limiter.Reserve``), which bounds the overall retry rate.
+  ``Limiter.Reserve``, the :class:`~tally.workqueue.tokenbucket.TokenBucket`), which bounds the
+  overall retry rate.
 * :class:`ItemFastSlowRateLimiter`: a few quick retries per item, then slow ones.
 * :class:`MaxOfRateLimiter`: the worst (longest) answer of several limiters.
 
@@ -26,6 +27,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from tally.workqueue import clock as clocks
+from tally.workqueue import tokenbucket
 
 T = TypeVar("T", bound=Hashable)
 T_contra = TypeVar("T_contra", bound=Hashable, contravariant=True)
@@ -102,29 +104,18 @@ class BucketRateLimiter(Generic[T]):
     """A token bucket shared by all items: ``qps`` tokens a second, at most ``burst`` saved.
 
     Each ``when`` takes one token, borrowing it from the future if the bucket is empty, and
-    returns how long until that token exists (``rate.Limiter.Reserve().Delay()``). The bucket
-    starts full. It tracks no items, so ``num_requeues`` is always 0 and ``forget`` does nothing.
+    returns how long until that token exists (``rate.Limiter.Reserve().Delay()``, by
+    :meth:`tally.workqueue.tokenbucket.TokenBucket.reserve`). The bucket starts full. It tracks
+    no items, so ``num_requeues`` is always 0 and ``forget`` does nothing.
     """
 
     def __init__(self, qps: float, burst: int, *, clock: clocks.Clock | None = None) -> None:
         if qps <= 0 or burst <= 0:
             raise ValueError(f"qps and burst must be positive, got qps={qps} burst={burst}")
-        self._qps = qps
-        self._burst = burst
-        self._clock: clocks.Clock = clock if clock is not None else clocks.RealClock()
-        #: Tokens in the bucket at ``_last``; negative when tokens are borrowed in advance.
-        self._tokens = float(burst)
-        #: When ``_tokens`` was last brought up to date; ``None`` before the first ``when``.
-        self._last: float | None = None
+        self._bucket = tokenbucket.TokenBucket(qps, burst, clock=clock)
 
     def when(self, item: T) -> float:
-        now = self._clock.now()
-        if self._last is not None and now > self._last:
-            self._tokens = min(float(self._burst), self._tokens + (now - self._last) * self._qps)
-        if self._last is None or now > self._last:
-            self._last = now
-        self._tokens -= 1
-        return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
+        return self._bucket.reserve()
 
     def num_requeues(self, item: T) -> int:
         return 0

@@ -7,8 +7,9 @@ This module owns the loop every tally controller runs, in the shape of
 owns the lifecycle of the N worker tasks, because Kopf does not supervise tasks that handlers
 start (``on.startup`` returns, and a task that dies afterwards would die silently):
 
-* every worker task gets a done-callback that logs loudly when a worker, which should run until
-  the pool is stopped, ends early, with or without an exception;
+* every worker task is started with :func:`tally.workqueue.tasks.start_watched`, which logs
+  loudly (ERROR) when a worker, which should run until the pool is stopped, ends early, with or
+  without an exception, or is cancelled by anyone but :meth:`WorkerPool.stop`;
 * :meth:`WorkerPool.stop` shuts the queue down with drain (in-flight items finish), lets the
   workers hand out what is still queued and return, then cancels whatever is left, waits for it,
   and logs each task that will not stop.
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 from tally.workqueue import queue as plain_queue
-from tally.workqueue import rate_limiting
+from tally.workqueue import rate_limiting, tasks
 
 T = TypeVar("T", bound=Hashable)
 
@@ -84,8 +85,19 @@ class WorkerPool(Generic[T]):
         if self._tasks:
             raise RuntimeError(f"workers of {self.name!r} already started")
         for index in range(self._workers):
-            task = asyncio.create_task(self._run_worker(), name=f"{self.name}-worker-{index}")
-            task.add_done_callback(self._on_worker_done)
+            task = tasks.start_watched(
+                self._run_worker(),
+                name=f"{self.name}-worker-{index}",
+                logger=self._log,
+                level=logging.ERROR,
+                # A crash is logged even while stopping; an end or a cancellation only before.
+                died="%(pool)s: worker %(task)s crashed; %(pool)s has one worker fewer",
+                ended="%(pool)s: worker %(task)s exited although the pool was not stopped"
+                " (queue shut down?)",
+                cancelled="%(pool)s: worker %(task)s was cancelled unexpectedly",
+                stopping=lambda: self._stopping,
+                context={"pool": self.name},
+            )
             self._tasks.append(task)
 
     async def process_next_work_item(self) -> bool:
@@ -188,28 +200,3 @@ class WorkerPool(Generic[T]):
     async def _run_worker(self) -> None:
         while await self.process_next_work_item():
             pass
-
-    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
-        """Make a worker's end visible: an error unless the pool is stopping and it ended
-        cleanly or by cancellation."""
-        if task.cancelled():
-            if not self._stopping:
-                self._log.error(
-                    "%s: worker %s was cancelled unexpectedly", self.name, task.get_name()
-                )
-            return
-        exc = task.exception()
-        if exc is not None:
-            self._log.error(
-                "%s: worker %s crashed; %s has one worker fewer",
-                self.name,
-                task.get_name(),
-                self.name,
-                exc_info=exc,
-            )
-        elif not self._stopping:
-            self._log.error(
-                "%s: worker %s exited although the pool was not stopped (queue shut down?)",
-                self.name,
-                task.get_name(),
-            )

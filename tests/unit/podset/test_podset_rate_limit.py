@@ -1,5 +1,5 @@
-"""The PodSet controller's client-side token bucket (``tally.podset.client.TokenBucket``),
-driven by a fake clock: nothing sleeps for real."""
+"""The PodSet controller's client-side token bucket (``tally.workqueue.TokenBucket``, built by
+``tally.podset.client.token_bucket``), driven by a fake clock: nothing sleeps for real."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from tally.app.settings import Settings
-from tally.podset.client import TokenBucket, token_bucket
-from tally.workqueue import FakeClock
+from tally.podset.client import token_bucket
+from tally.workqueue import FakeClock, TokenBucket
 
 
 class Sleeper:

@@ -1,0 +1,77 @@
+"""What quota admission needs of ClusterQuotas: the views that bind a namespace, and the
+compare-and-swap write of a charge made on a view.
+
+Admission judges a request against every quota that binds it, all or nothing: the
+ResourceQuotas of its namespace and, here, a view of each ClusterQuota selecting that namespace
+(:func:`tally.clusterquota.quota.as_resource_quota`: the spec, and the *total* as
+``status.used``). When a pass charged a view, :meth:`ClusterQuotaBinding.write` turns the
+view's new ``status.used`` into the ClusterQuota's status (the total, and the namespace's share
+grown by the same amount) and writes it carrying the resourceVersion the view was read at: a
+concurrent charge from another namespace's pass, or another replica, makes it fail with
+:class:`~tally.machinery.errors.Conflict`, and admission retries against a fresh view, as for a
+ResourceQuota. Never over the limit, however many passes race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tally.clusterquota import quota as cluster
+from tally.machinery.cache import Store
+from tally.machinery.errors import Conflict
+from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
+
+Obj = Mapping[str, Any]
+
+
+class Selection(Protocol):
+    def selecting(self, namespace: str) -> list[Obj]:
+        """The ClusterQuotas (newest copies) selecting ``namespace``."""
+        ...
+
+
+class StatusWriter(Protocol):
+    def newest(self, cached: Obj) -> Obj: ...
+
+    async def put_status(self, cq: Obj) -> Obj: ...
+
+
+class ClusterQuotaBinding:
+    """The ClusterQuota half of quota admission's ``QuotaAccessor`` (see module doc)."""
+
+    def __init__(
+        self, selection: Selection, cluster_quotas: Store[Obj], writer: StatusWriter
+    ) -> None:
+        self._selection = selection
+        self._cluster_quotas = cluster_quotas
+        self._writer = writer
+
+    def views(self, namespace: str) -> list[dict[str, Any]]:
+        return [
+            cluster.as_resource_quota(cq, namespace) for cq in self._selection.selecting(namespace)
+        ]
+
+    async def write(
+        self, view: Obj, charged_by_namespace: Mapping[str, ResourceList]
+    ) -> dict[str, Any]:
+        """Write the charge ``view`` carries (its ``status.used`` is the new total; each
+        namespace's share grows by ``charged_by_namespace``); returns the view of the stored
+        ClusterQuota."""
+        metadata = view.get("metadata") or {}
+        name, namespace = str(metadata.get("name") or ""), str(metadata.get("namespace") or "")
+        cached = self._cluster_quotas.get("", name)
+        if cached is None:
+            raise LookupError(f'clusterquotas.tally.dev "{name}" not found')
+        current = self._writer.newest(cached)
+        version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+        if version != str(metadata.get("resourceVersion") or ""):
+            # Changed since the view was read: the API server would refuse the same way.
+            raise Conflict(f"clusterquotas/{name}: changed since it was read")
+        try:
+            total = parse_resource_list((view.get("status") or {}).get("used"), "status.used")
+        except ResourceListError as error:
+            raise ValueError(f"cluster quota {name}: {error}") from None
+        status = cluster.charged_status(current, charged_by_namespace, total)
+        stored = await self._writer.put_status({**current, "status": status})
+        return cluster.as_resource_quota(stored, namespace)

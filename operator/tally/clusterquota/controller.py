@@ -1,0 +1,303 @@
+"""The ClusterQuota usage controller: keeps every ClusterQuota's status true.
+
+The same shape as the ResourceQuota controller (:mod:`tally.resourcequota.controller`), over
+the same caches and evaluators: event handlers only work out ClusterQuota names and enqueue
+them; workers sync one ClusterQuota at a time: select the namespaces, calculate each one's usage
+exactly as a ResourceQuota with the same spec in that namespace would have it, add them up, and
+write the status last, compare-and-swap, only when it changed.
+
+What enqueues a ClusterQuota:
+
+* its creation, and a change of its spec (selector, hard, scopes);
+* a namespace that starts or stops matching its selector (created, labels changed, deleted);
+* replenishment in a namespace it selects, by the same rules as a ResourceQuota's
+  (:mod:`tally.resourcequota.replenishment`): deletions, usage-lowering updates, creations
+  admission did not charge;
+* a released charge (:mod:`tally.charges`), and the full resync.
+
+Charges admission wrote for objects the caches do not show yet hold usage, per namespace, as
+for a ResourceQuota (:func:`tally.charges.hold_pending`).
+
+Left out: watching (the wiring feeds the handlers), the API client (a
+:class:`ClusterQuotaStatusWriter` is passed in), validation (the webhook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+from tally.charges import ChargeLedger, cluster_quota_key, hold_pending
+from tally.clusterquota import quota as cluster
+from tally.evaluators.base import GroupResource, quota_scopes
+from tally.evaluators.registry import Registry, UsageError, calculate_usage
+from tally.machinery.cache import Change, ChangeKind, Store
+from tally.machinery.errors import Conflict
+from tally.machinery.selectors import LabelSelector
+from tally.quota import resources
+from tally.quota.quantity import Quantity
+from tally.workqueue import (
+    DEFAULT_STOP_TIMEOUT,
+    MetricsProvider,
+    RateLimitingQueue,
+    WorkerPool,
+    default_controller_rate_limiter,
+)
+
+logger = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+QUEUE: Final = "clusterquota"
+DEFAULT_RESYNC_PERIOD_S: Final = 300.0
+DEFAULT_WORKERS: Final = 5
+
+
+class ClusterQuotaStatusWriter(Protocol):
+    async def update_status(self, cq: Obj, status: Mapping[str, Any]) -> None:
+        """PUT ``cq`` (with its resourceVersion) carrying ``status``; :class:`Conflict` on 409;
+        a ClusterQuota deleted meanwhile is done."""
+        ...
+
+
+class SyncObserver(Protocol):
+    def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    def cluster_quota_deleted(self, name: str) -> None: ...
+
+
+class ClusterQuotaController:
+    """Every ClusterQuota's ``status.total`` and ``status.namespaces``, from the caches."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        cluster_quotas: Store[Obj],
+        namespaces: Store[Obj],
+        stores: Mapping[GroupResource, Store[Any]],
+        writer: ClusterQuotaStatusWriter,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        resync_period: float = DEFAULT_RESYNC_PERIOD_S,
+        charges: ChargeLedger | None = None,
+        newest: Callable[[Obj], Obj] | None = None,
+        metrics_provider: MetricsProvider | None = None,
+        observer: SyncObserver | None = None,
+    ) -> None:
+        self.registry = registry
+        self.cluster_quotas = cluster_quotas
+        """ClusterQuota objects, whole, keyed ``("", name)``."""
+        self.namespaces = namespaces
+        """Namespaces' labels (``namespace_labels`` projections), keyed ``("", name)``."""
+        self.stores = stores
+        """The tracked kinds' projections: the mapping the ResourceQuota controller reads."""
+        self.writer = writer
+        self.workers = workers
+        self.resync_period = resync_period
+        self.charges = charges
+        self.newest = newest
+        self.observer = observer
+        self.queue: RateLimitingQueue[str] = RateLimitingQueue(
+            default_controller_rate_limiter(), name=QUEUE, metrics_provider=metrics_provider
+        )
+        self._pool = WorkerPool(
+            self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
+        )
+        self._resync_task: asyncio.Task[None] | None = None
+        # Parsed selectors by ClusterQuota name, with the resourceVersion they were parsed at.
+        # Entries leave with their ClusterQuota.
+        self._selectors: dict[str, tuple[str, LabelSelector | None]] = {}
+
+    # -- reading the caches
+
+    def _all(self) -> list[Obj]:
+        return list(self.cluster_quotas.in_namespace(""))
+
+    def selector_of(self, cq: Obj) -> LabelSelector | None:
+        """The ClusterQuota's selector; None when it does not parse (it selects nothing)."""
+        name = cluster.name_of(cq)
+        version = str((cq.get("metadata") or {}).get("resourceVersion") or "")
+        cached = self._selectors.get(name)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        try:
+            parsed: LabelSelector | None = cluster.selector(cq)
+        except cluster.InvalidClusterQuota:
+            parsed = None
+        self._selectors[name] = (version, parsed)
+        return parsed
+
+    def selects(self, cq: Obj, namespace: str) -> bool:
+        chosen = self.selector_of(cq)
+        labels = self.namespaces.get("", namespace)
+        return chosen is not None and labels is not None and chosen.matches(labels)
+
+    def selecting(self, namespace: str) -> list[Obj]:
+        """The ClusterQuotas (newest copies) that select ``namespace``, by name."""
+        found = [self._newest(cq) for cq in self._all() if self.selects(cq, namespace)]
+        return sorted(found, key=cluster.name_of)
+
+    def _newest(self, cq: Obj) -> Obj:
+        return cq if self.newest is None else self.newest(cq)
+
+    # -- event handlers: work out names, enqueue, nothing else
+
+    def on_cluster_quota(self, change: Change[Obj]) -> None:
+        if change.kind is ChangeKind.DELETED:
+            self._selectors.pop(change.name, None)
+            if self.observer is not None:
+                self.observer.cluster_quota_deleted(change.name)
+            if self.charges is not None:
+                for namespace in self.namespaces.names_in(""):
+                    self.charges.forget_quota(cluster_quota_key(namespace, change.name))
+            return
+        if change.kind is ChangeKind.UPDATED and (change.old or {}).get("spec") == (
+            change.new or {}
+        ).get("spec"):
+            return  # a status write: ours, or corrected at the next resync
+        self.queue.add(change.name)
+
+    def on_namespace(self, change: Change[Obj]) -> None:
+        """A namespace appeared, changed labels or went: re-sync the ClusterQuotas whose
+        selection of it changes (a deleted namespace leaves the status)."""
+        for cq in self._all():
+            chosen = self.selector_of(cq)
+            if chosen is None:
+                continue
+            before = change.old is not None and chosen.matches(change.old)
+            after = change.new is not None and chosen.matches(change.new)
+            if before != after:
+                self.queue.add(cluster.name_of(cq))
+
+    def replenish(
+        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
+    ) -> None:
+        """Usage of ``group_resource`` in ``namespace`` may have changed (the ResourceQuota
+        controller's ``replenish``, for the ClusterQuotas selecting the namespace)."""
+        evaluator = self.registry.get(group_resource)
+        if evaluator is None:
+            return
+        for cq in self._all():
+            if not self.selects(cq, namespace):
+                continue
+            current = self._newest(cq)
+            status_hard = cluster.status_total(current, "hard")
+            if unsynced_only and status_hard is not None:
+                continue
+            names = list(status_hard or (cluster.spec_quota(current).get("hard") or {}))
+            if evaluator.matching_resources(names):
+                self.queue.add(cluster.name_of(cq))
+
+    def enqueue_all(self) -> None:
+        for cq in self._all():
+            self.queue.add(cluster.name_of(cq))
+
+    # -- sync
+
+    async def _sync_key(self, name: str) -> None:
+        cached = self.cluster_quotas.get("", name)
+        if cached is None:
+            return
+        await self.sync_cluster_quota(self._newest(cached))
+
+    def calculate(
+        self, cq: Obj
+    ) -> tuple[dict[str, Quantity], dict[str, dict[str, Quantity]], list[Exception]]:
+        """(hard, used by selected namespace, evaluator errors) as the next status write would
+        carry them; a name an evaluator failed on keeps its last observation.
+
+        Raises :class:`cluster.InvalidClusterQuota` for a spec it cannot use.
+        """
+        name = cluster.name_of(cq)
+        hard = cluster.hard(cq)
+        chosen = cluster.selector(cq)
+        try:
+            scopes = quota_scopes({"spec": cluster.spec_quota(cq)})
+        except ValueError as error:
+            raise cluster.InvalidClusterQuota(str(error)) from None
+        previous = cluster.namespace_used(cq)
+        unstored = [
+            name
+            for evaluator in self.registry.list()
+            if evaluator.group_resource not in self.stores
+            for name in evaluator.matching_resources(hard)
+        ]
+        errors: list[Exception] = []
+        used_by_namespace: dict[str, dict[str, Quantity]] = {}
+        for namespace in self.namespaces.names_in(""):
+            if not chosen.matches(self.namespaces.get("", namespace)):
+                continue
+            objects = {gr: store.in_namespace(namespace) for gr, store in self.stores.items()}
+            try:
+                computed = calculate_usage(objects, hard, scopes, self.registry)
+            except UsageError as failed:
+                errors.extend(failed.errors)
+                computed = dict(failed.usage)
+            last = previous.get(namespace, {})
+            # A kind without a store yet keeps its last observation, as for ResourceQuotas.
+            for unknown in unstored:
+                computed.pop(unknown, None)
+            used = resources.mask({**last, **computed}, hard)
+            if self.charges is not None:
+                used = hold_pending(
+                    used, last, self.charges.held(cluster_quota_key(namespace, name))
+                )
+            used_by_namespace[namespace] = used
+        return hard, used_by_namespace, errors
+
+    def measured(self, hard: Mapping[str, Quantity]) -> list[str]:
+        """The hard names some registered evaluator measures."""
+        return sorted(
+            {n for evaluator in self.registry.list() for n in evaluator.matching_resources(hard)}
+        )
+
+    async def sync_cluster_quota(self, cq: Obj) -> None:
+        name = cluster.name_of(cq)
+        started = time.monotonic()
+        try:
+            hard, used_by_namespace, errors = self.calculate(cq)
+        except cluster.InvalidClusterQuota as invalid:
+            # Refused by the webhook when written; one that got in anyway (webhook down) is
+            # reported and left alone: retrying will not help.
+            raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
+        status = cluster.build_status(hard, used_by_namespace, self.measured(hard))
+        if status != cq.get("status"):
+            await self.writer.update_status(cq, status)
+        logger.debug("synced cluster quota %s in %.1f ms", name,
+                     (time.monotonic() - started) * 1000)  # fmt: skip
+        if self.observer is not None:
+            self.observer.cluster_quota_synced(name, status)
+        if errors:
+            raise UsageError({}, errors)
+
+    # -- running
+
+    def start(self) -> None:
+        self._pool.start()
+        self._resync_task = asyncio.create_task(self._resync_loop(), name="clusterquota-resync")
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_period)
+            self.enqueue_all()
+
+    async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync_task
+        await self._pool.stop(grace_period=grace_period)
+
+
+class InvalidClusterQuotaError(ValueError):
+    """A ClusterQuota whose spec cannot be used (the sync reports it and goes on)."""
+
+
+def namespace_labels(obj: Obj) -> dict[str, str]:
+    """The namespace store's projection: a namespace's labels (all its selection needs)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}

@@ -1,0 +1,212 @@
+"""ClusterQuota objects: reading the spec, the per-namespace view admission judges, the status.
+
+A ClusterQuota (``clusterquotas.tally.dev``) is a ResourceQuotaSpec (``spec.quota``: ``hard``,
+``scopes``, ``scopeSelector``) over the namespaces ``spec.namespaceSelector`` selects. Every
+rule of a ResourceQuota applies unchanged, with the selected namespaces' usage added up; that is
+why the rest of tally sees a ClusterQuota, in each namespace it selects, as a ResourceQuota-
+shaped view (:func:`as_resource_quota`): the evaluators match objects against its scopes and
+admission charges it with the same checks, its ``status.used`` being the *total*.
+
+The status is OpenShift's ClusterResourceQuota shape, which users know: ``total`` (``hard`` and
+``used``) and ``namespaces`` (``[{namespace, status: {used}}]``, sorted by namespace), plus two
+fields for ``kubectl get``'s columns (``namespaceCount``, ``mostUsed``). ``total.used`` is
+exactly the sum of the namespaces' ``used``.
+
+Pure: plain JSON in and out; selector and quantity parsing from the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from tally.evaluators.base import quota_scopes
+from tally.machinery.selectors import LabelSelector, SelectorError, parse_label_selector
+from tally.quota import resources
+from tally.quota.quantity import ZERO, Quantity
+from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
+
+Obj = Mapping[str, Any]
+
+KIND: Final = "ClusterQuota"
+"""``kind`` of the views :func:`as_resource_quota` makes: admission words its messages by it."""
+
+
+class InvalidClusterQuota(ValueError):
+    """A ClusterQuota whose spec cannot be used; the message names the field."""
+
+
+def name_of(cq: Obj) -> str:
+    return str((cq.get("metadata") or {}).get("name") or "")
+
+
+def spec_quota(cq: Obj) -> Obj:
+    spec = cq.get("spec")
+    quota = spec.get("quota") if isinstance(spec, Mapping) else None
+    return quota if isinstance(quota, Mapping) else {}
+
+
+def selector(cq: Obj) -> LabelSelector:
+    """``spec.namespaceSelector`` parsed; raises :class:`InvalidClusterQuota`."""
+    spec = cq.get("spec")
+    raw = spec.get("namespaceSelector") if isinstance(spec, Mapping) else None
+    if raw is None:
+        raise InvalidClusterQuota("spec.namespaceSelector: Required value")
+    try:
+        return parse_label_selector(raw, "spec.namespaceSelector")
+    except SelectorError as error:
+        raise InvalidClusterQuota(str(error)) from None
+
+
+def hard(cq: Obj) -> dict[str, Quantity]:
+    """``spec.quota.hard`` parsed; raises :class:`InvalidClusterQuota`."""
+    try:
+        return parse_resource_list(spec_quota(cq).get("hard"), "spec.quota.hard")
+    except ResourceListError as error:
+        raise InvalidClusterQuota(str(error)) from None
+
+
+def status_total(cq: Obj, field: str) -> dict[str, Quantity] | None:
+    """``status.total.<field>`` parsed (None when missing); unparseable counts as missing."""
+    status = cq.get("status")
+    total = status.get("total") if isinstance(status, Mapping) else None
+    raw = total.get(field) if isinstance(total, Mapping) else None
+    if raw is None:
+        return None
+    try:
+        return parse_resource_list(raw, f"status.total.{field}")
+    except ResourceListError:
+        return None
+
+
+def namespace_used(cq: Obj) -> dict[str, dict[str, Quantity]]:
+    """``status.namespaces`` as ``{namespace: used}`` (entries that do not parse are left out:
+    the next sync rewrites them)."""
+    status = cq.get("status")
+    entries = status.get("namespaces") if isinstance(status, Mapping) else None
+    result: dict[str, dict[str, Quantity]] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("namespace"), str):
+            continue
+        entry_status = entry.get("status")
+        raw = entry_status.get("used") if isinstance(entry_status, Mapping) else None
+        try:
+            result[entry["namespace"]] = parse_resource_list(raw, "status.namespaces[].used")
+        except ResourceListError:
+            continue
+    return result
+
+
+def as_resource_quota(cq: Obj, namespace: str) -> dict[str, Any]:
+    """The ResourceQuota-shaped view of ``cq`` in ``namespace``: its spec.quota as ``spec``,
+    ``status.total`` as ``status`` (no status until the controller's first sync, so admission
+    refuses what it would charge with "status unknown", as for a new ResourceQuota). The view
+    carries the ClusterQuota's resourceVersion: a status write based on it is compare-and-swap
+    on the ClusterQuota."""
+    metadata = cq.get("metadata") or {}
+    view: dict[str, Any] = {
+        "kind": KIND,
+        "metadata": {
+            "name": name_of(cq),
+            "namespace": namespace,
+            "resourceVersion": str(metadata.get("resourceVersion") or ""),
+        },
+        "spec": dict(spec_quota(cq)),
+    }
+    status = cq.get("status")
+    total = status.get("total") if isinstance(status, Mapping) else None
+    if isinstance(total, Mapping):
+        view["status"] = {key: total[key] for key in ("hard", "used") if key in total}
+    return view
+
+
+def validate(cq: Obj) -> list[str]:
+    """What is wrong with ``cq``'s spec, in ResourceQuota's words where they exist; [] if it is
+    usable. Resource names no evaluator knows are checked by the caller (it has the registry)."""
+    errors: list[str] = []
+    try:
+        selector(cq)
+    except InvalidClusterQuota as error:
+        errors.append(str(error))
+    try:
+        for name, value in hard(cq).items():
+            if value.nanos < 0:
+                errors.append(
+                    f"spec.quota.hard[{name}]: Invalid value: {value}: must be greater than or "
+                    "equal to 0"
+                )
+    except InvalidClusterQuota as error:
+        errors.append(str(error))
+    try:
+        quota_scopes({"spec": spec_quota(cq)})
+    except ValueError as error:
+        errors.append(f"spec.quota.{error}".replace("spec.quota.spec.", "spec.quota."))
+    return errors
+
+
+def build_status(
+    hard_list: ResourceList,
+    used_by_namespace: Mapping[str, ResourceList],
+    measured: Iterable[str],
+) -> dict[str, Any]:
+    """The status a sync writes: ``total.used`` is the sum of the namespaces' ``used``, with
+    a zero for every ``measured`` name (the hard names some evaluator measures) that no
+    namespace uses."""
+    total: dict[str, Quantity] = dict.fromkeys(measured, ZERO)
+    for used in used_by_namespace.values():
+        total = resources.add(total, used)
+    total = resources.mask(total, hard_list)
+    return {
+        "total": {"hard": resources.to_strings(hard_list), "used": resources.to_strings(total)},
+        "namespaces": [
+            {"namespace": namespace, "status": {"used": resources.to_strings(used)}}
+            for namespace, used in sorted(used_by_namespace.items())
+        ],
+        "namespaceCount": len(used_by_namespace),
+        "mostUsed": most_used(hard_list, total),
+    }
+
+
+def charged_status(
+    cq: Obj, charged_by_namespace: Mapping[str, ResourceList], total_used: ResourceList
+) -> dict[str, Any]:
+    """``cq``'s status after admission charged it: ``total.used`` becomes ``total_used``
+    (what admission computed on the view: the total read plus every charge of the pass), and
+    each namespace's entry grows by what its requests were charged, so the total stays the sum
+    of the namespaces."""
+    status = dict(cq.get("status") or {})
+    by_namespace = namespace_used(cq)
+    for namespace, charged in charged_by_namespace.items():
+        by_namespace[namespace] = resources.add(by_namespace.get(namespace, {}), charged)
+    total = dict(status.get("total") or {})
+    total["used"] = resources.to_strings(total_used)
+    status["total"] = total
+    status["namespaces"] = [
+        {"namespace": name, "status": {"used": resources.to_strings(used)}}
+        for name, used in sorted(by_namespace.items())
+    ]
+    status["namespaceCount"] = len(by_namespace)
+    hard_list = status_total(cq, "hard") or {}
+    status["mostUsed"] = most_used(hard_list, total_used)
+    return status
+
+
+def most_used(hard_list: ResourceList, used: ResourceList) -> str:
+    """``<name> <used>/<hard>`` of the resource closest to its limit (by fraction; a zero
+    limit in use counts as full); "" when nothing is limited."""
+    best: tuple[float, str] | None = None
+    for name, limit in sorted(hard_list.items()):
+        value = used.get(name, ZERO)
+        # A zero limit in use is as full as can be.
+        full = 1.0 if value.nanos > 0 else 0.0
+        fraction = value.nanos / limit.nanos if limit.nanos > 0 else full
+        if best is None or fraction > best[0]:
+            best = (fraction, f"{name} {value}/{limit}")
+    return "" if best is None else best[1]
+
+
+def selected_namespaces(
+    cq_selector: LabelSelector, namespaces: Iterable[tuple[str, Obj]]
+) -> list[str]:
+    """The names of the namespaces (name, labels) the selector selects, sorted."""
+    return sorted(name for name, labels in namespaces if cq_selector.matches(labels))

@@ -1,0 +1,59 @@
+"""ClusterQuota status writes: the compare-and-swap PUT of ``clusterquotas/<name>/status``.
+
+One writer for the usage controller and for admission's charges, so that both read back this
+process's own last write (:class:`~tally.machinery.cache.RecentWrites`, as the updated-quotas
+LRU does for ResourceQuotas): a ClusterQuota's watch event lags the write, and a pass that
+started from the older copy would lose its compare-and-swap (or, for admission, judge against
+a total that misses its own last charge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+
+from tally.kube import rest
+from tally.machinery.cache import RecentWrites
+from tally.machinery.errors import Conflict
+
+Obj = Mapping[str, Any]
+
+GROUP: Final = "tally.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "clusterquotas"
+RECENT_WRITES: Final = 100
+
+
+class KubeClusterQuotaWriter:
+    """PUTs a ClusterQuota's status with the resourceVersion it carries."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self._recent = RecentWrites(RECENT_WRITES)
+
+    def newest(self, cached: Obj) -> Obj:
+        """``cached``, or this process's later write of the same ClusterQuota."""
+        return self._recent.check_cache(cached)
+
+    async def put_status(self, cq: Obj) -> Obj:
+        """The compare-and-swap write; :class:`Conflict` on 409; returns the stored object."""
+        name = str((cq.get("metadata") or {}).get("name") or "")
+        path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}/status"
+        try:
+            stored = await rest.put_json(self._api, path, cq)
+        except client.ApiException as error:
+            if error.status == 409:
+                raise Conflict(f"clusterquotas/{name}: {error.reason}") from error
+            raise
+        self._recent.add(stored)
+        return stored
+
+    async def update_status(self, cq: Obj, status: Mapping[str, Any]) -> None:
+        """The usage controller's write; a ClusterQuota deleted meanwhile is done."""
+        try:
+            await self.put_status({**cq, "status": dict(status)})
+        except client.ApiException as error:
+            if error.status != 404:
+                raise

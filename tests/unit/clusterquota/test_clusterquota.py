@@ -1,0 +1,168 @@
+"""tally.clusterquota.quota: reading a ClusterQuota, its per-namespace view, its status.
+
+Expected values are worked out by hand from the inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tally.admission.attributes import Attributes
+from tally.admission.checks import Request, check_batch
+from tally.clusterquota import quota as cluster
+from tally.evaluators.base import GroupResource
+from tally.evaluators.registry import new_registry
+from tally.quota.quantity import Quantity
+
+pytestmark = pytest.mark.unit
+
+PODS = GroupResource("", "pods")
+
+
+def q(text: str) -> Quantity:
+    return Quantity.parse(text)
+
+
+def _cq(hard: dict[str, str], status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "kind": "ClusterQuota",
+        "metadata": {"name": "team", "resourceVersion": "7"},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"team": "a"}},
+            "quota": {"hard": hard, **spec},
+        },
+        **({"status": status} if status is not None else {}),
+    }
+
+
+def test_status_total_is_the_sum_of_the_namespaces_sorted() -> None:
+    status = cluster.build_status(
+        {"pods": q("10"), "requests.cpu": q("2")},
+        {
+            "b": {"pods": q("1"), "requests.cpu": q("100m")},
+            "a": {"pods": q("2"), "requests.cpu": q("350m")},
+        },
+        ["pods", "requests.cpu"],
+    )
+    assert {
+        "hard": {"pods": "10", "requests.cpu": "2"},
+        "used": {"pods": "3", "requests.cpu": "450m"},
+    } == status["total"]
+    assert ["a", "b"] == [entry["namespace"] for entry in status["namespaces"]]
+    assert 2 == status["namespaceCount"]
+    assert "pods 3/10" == status["mostUsed"]
+
+
+def test_no_namespace_selected_is_zero_for_every_measured_name() -> None:
+    status = cluster.build_status({"pods": q("5"), "widgets": q("1")}, {}, ["pods"])
+    assert {"pods": "0"} == status["total"]["used"]
+    assert ([], 0) == (status["namespaces"], status["namespaceCount"])
+
+
+@pytest.mark.parametrize(
+    ("hard", "used", "expected"),
+    [
+        pytest.param({"pods": "10", "requests.cpu": "2"}, {"pods": "3", "requests.cpu": "1500m"},
+                     "requests.cpu 1500m/2", id="largest-fraction"),
+        pytest.param({"pods": "0"}, {"pods": "1"}, "pods 1/0", id="zero-limit-in-use-is-full"),
+        pytest.param({}, {}, "", id="nothing-limited"),
+    ],
+)  # fmt: skip
+def test_most_used(hard: dict[str, str], used: dict[str, str], expected: str) -> None:
+    assert expected == cluster.most_used(
+        {k: q(v) for k, v in hard.items()}, {k: q(v) for k, v in used.items()}
+    )
+
+
+def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
+    cq = _cq(
+        {"pods": "10"},
+        {
+            "total": {"hard": {"pods": "10"}, "used": {"pods": "3"}},
+            "namespaces": [
+                {"namespace": "a", "status": {"used": {"pods": "2"}}},
+                {"namespace": "b", "status": {"used": {"pods": "1"}}},
+            ],
+        },
+    )
+    status = cluster.charged_status(
+        cq, {"b": {"pods": q("2")}, "c": {"pods": q("1")}}, {"pods": q("6")}
+    )
+    assert {"pods": "6"} == status["total"]["used"]
+    assert {"a": {"pods": "2"}, "b": {"pods": "3"}, "c": {"pods": "1"}} == {
+        entry["namespace"]: entry["status"]["used"] for entry in status["namespaces"]
+    }
+    assert ("pods 6/10", 3) == (status["mostUsed"], status["namespaceCount"])
+
+
+def test_the_view_is_the_spec_and_the_total() -> None:
+    cq = _cq(
+        {"pods": "10"},
+        {"total": {"hard": {"pods": "10"}, "used": {"pods": "4"}}},
+        scopes=["BestEffort"],
+    )
+    view = cluster.as_resource_quota(cq, "ns")
+    assert {
+        "kind": "ClusterQuota",
+        "metadata": {"name": "team", "namespace": "ns", "resourceVersion": "7"},
+        "spec": {"hard": {"pods": "10"}, "scopes": ["BestEffort"]},
+        "status": {"hard": {"pods": "10"}, "used": {"pods": "4"}},
+    } == view
+    assert "status" not in cluster.as_resource_quota(_cq({"pods": "1"}), "ns")  # not synced yet
+
+
+@pytest.mark.parametrize(
+    ("cq", "problem"),
+    [
+        pytest.param({"spec": {"quota": {"hard": {"pods": "1"}}}},
+                     "spec.namespaceSelector: Required value", id="no-selector"),
+        pytest.param(_cq({"pods": "-1"}), "spec.quota.hard[pods]: Invalid value: -1",
+                     id="negative"),
+        pytest.param(_cq({"pods": "1"}, scopes=["Sometimes"]), "Sometimes", id="unknown-scope"),
+        pytest.param(_cq({"pods": "lots"}), "spec.quota.hard", id="not-a-quantity"),
+    ],
+)  # fmt: skip
+def test_invalid_specs_are_named(cq: dict[str, Any], problem: str) -> None:
+    errors = cluster.validate(cq)
+    assert any(problem in error for error in errors), errors
+
+
+def test_a_valid_spec_has_no_problem() -> None:
+    assert [] == cluster.validate(_cq({"pods": "10", "requests.cpu": "2"}))
+
+
+def _pod(namespace: str, name: str) -> Request:
+    obj = {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "a"}]},
+    }
+    attributes = Attributes(namespace, name, PODS, "", "CREATE", obj)
+    evaluator = new_registry().get(PODS)
+    assert evaluator is not None
+    return Request(attributes, evaluator)
+
+
+def test_a_batch_across_namespaces_charges_one_cluster_quota_once_and_each_own_quota() -> None:
+    # Requests of two namespaces in one pass: the ClusterQuota binds both, each namespace's
+    # ResourceQuota only its own; the ClusterQuota is charged 3 pods in one change.
+    view = cluster.as_resource_quota(
+        _cq({"pods": "5"}, {"total": {"hard": {"pods": "5"}, "used": {"pods": "1"}}}), ""
+    )
+    own = {
+        "metadata": {"name": "q", "namespace": "a", "resourceVersion": "1"},
+        "spec": {"hard": {"pods": "1"}},
+        "status": {"hard": {"pods": "1"}, "used": {"pods": "0"}},
+    }
+    requests = [_pod("a", "p1"), _pod("b", "p2"), _pod("a", "p3"), _pod("b", "p4")]
+
+    def applies(request: Request, quota: Any) -> bool:
+        return quota.get("kind") == "ClusterQuota" or request.attributes.namespace == "a"
+
+    batch = check_batch([own, view], requests, applies=applies)
+    assert [0, 1, 3] == batch.pending  # p3: the ResourceQuota of a is full after p1
+    assert "exceeded quota: q" in (batch.decisions[2].message if batch.decisions[2] else "")
+    assert {"pods": "4"} == batch.quotas[1]["status"]["used"]
+    assert {"pods": "1"} == batch.quotas[0]["status"]["used"]
+    assert [0, 1] == batch.changed
