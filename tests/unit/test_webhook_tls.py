@@ -16,6 +16,7 @@ import datetime
 import ssl
 import stat
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -25,7 +26,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tally.webhook import certs
 from tally.webhook.certs import Material, MaterialError, Policy
-from tally.webhook.tls import MemorySource, MountedSource, ServingTLS, server_context
+from tally.webhook.tls import (
+    MemorySource,
+    MountedSource,
+    SecretSource,
+    ServingTLS,
+    server_context,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -324,3 +331,26 @@ async def test_unusable_mounted_files_are_refused(
     tls = ServingTLS(MountedSource(mount), hosts=hosts, policy=POLICY, directory=tmp_path / "t")
     with pytest.raises(MaterialError, match=message or "no usable certificate"):
         await tls.load()
+
+
+# -- the certificate Secret's watch events
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "version", "wakes"),
+    [
+        pytest.param("tally-system", "tally-webhook-tls", "9", True, id="someone-changed-it"),
+        pytest.param("tally-system", "tally-webhook-tls", "", False, id="the-version-it-read"),
+        pytest.param("tally-system", "another-secret", "9", False, id="another-secret"),
+        pytest.param("elsewhere", "tally-webhook-tls", "9", False, id="another-namespace"),
+    ],
+)
+def test_only_the_certificate_secrets_events_wake_the_keeper(
+    tmp_path: Path, namespace: str, name: str, version: str, wakes: bool
+) -> None:
+    source = SecretSource(cast(Any, None), "tally-system", "tally-webhook-tls")
+    tls = ServingTLS(source, hosts=HOSTS, policy=POLICY, directory=tmp_path / "tls")
+    tls.secret_event(
+        {"metadata": {"namespace": namespace, "name": name, "resourceVersion": version}}
+    )
+    assert wakes is tls._wake.is_set()

@@ -619,7 +619,9 @@ class Runtime:
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
         if gr == SECRETS and self.tls is not None:
-            self._certificate_secret_event(obj)
+            # Before the TALLY_NAMESPACES filter: the certificate Secret lives in tally's own
+            # namespace, which tally need not manage.
+            self.tls.secret_event(obj)
         watched = self.settings.watched_namespaces
         namespace = (obj.get("metadata") or {}).get("namespace")
         if watched and gr not in CLUSTER_SCOPED and namespace not in watched:
@@ -629,16 +631,6 @@ class Runtime:
             informer.on_event(event_type, obj)
         if gr == PODS:
             self.pod_views.on_event(event_type, obj)
-
-    def _certificate_secret_event(self, obj: Mapping[str, Any]) -> None:
-        """Someone may have changed the certificate Secret: let the TLS keeper look (it ignores
-        the events of its own writes). Checked before the TALLY_NAMESPACES filter: the Secret
-        lives in tally's own namespace, which tally need not manage."""
-        assert self.tls is not None
-        secret = self.settings.webhook_cert_secret_ref
-        metadata = obj.get("metadata") or {}
-        if secret is not None and (metadata.get("namespace"), metadata.get("name")) == secret:
-            self.tls.changed(str(metadata.get("resourceVersion") or ""))
 
     def creations_charged(self, gr: GroupResource) -> bool:
         """Whether quota admission charges creations of ``gr`` now (the webhook is registered

@@ -315,6 +315,17 @@ class ServingTLS:
         self._published = self.ca_bundle
         self._task = start_watched(self._run(), name="webhook-tls", logger=logger)
 
+    def secret_event(self, obj: Mapping[str, Any]) -> None:
+        """A Secret's watch event: if it is the Secret this keeper reads, someone may have
+        changed the material (:meth:`changed`; events of its own writes are ignored there)."""
+        source = self.source
+        metadata = obj.get("metadata") or {}
+        if isinstance(source, SecretSource) and (
+            metadata.get("namespace"),
+            metadata.get("name"),
+        ) == (source.namespace, source.name):
+            self.changed(str(metadata.get("resourceVersion") or ""))
+
     def changed(self, version: str) -> None:
         """The stored material was written (a watch event with this version): a pass soon,
         unless tally wrote or read exactly that version itself."""
