@@ -27,6 +27,17 @@ from tally.webhook import certs
 REFUSAL: Final = "refused by the e2e policy"
 
 
+def loopback_tls() -> tuple[ssl.SSLContext, certs.Material]:
+    """A server context for 127.0.0.1, with a CA of its own (``material.ca_bundle``)."""
+    material = certs.new_material(["127.0.0.1"], datetime.datetime.now(datetime.UTC))
+    directory = Path(tempfile.mkdtemp(prefix="tally-test-tls-"))
+    (directory / "tls.crt").write_bytes(material.cert_pem)
+    (directory / "tls.key").write_bytes(material.key_pem)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    return context, material
+
+
 class PolicyWebhook:
     """``async with PolicyWebhook(api, namespace, rules) as policy:`` registers it for one
     namespace; leaving the block deletes the configuration and stops the server."""
@@ -64,12 +75,7 @@ class PolicyWebhook:
         )
 
     async def __aenter__(self) -> PolicyWebhook:
-        material = certs.new_material(["127.0.0.1"], datetime.datetime.now(datetime.UTC))
-        directory = Path(tempfile.mkdtemp(prefix="e2e-policy-"))
-        (directory / "tls.crt").write_bytes(material.cert_pem)
-        (directory / "tls.key").write_bytes(material.key_pem)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+        context, material = loopback_tls()
         app = web.Application()
         app.add_routes([web.post("/validate", self._review)])
         self._runner = web.AppRunner(app, access_log=None)

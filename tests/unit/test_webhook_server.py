@@ -8,20 +8,17 @@ handler fails.
 
 from __future__ import annotations
 
-import datetime
 import json
 import ssl
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from policy_webhook import loopback_tls
 
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
-from tally.webhook import certs
 from tally.webhook.server import WebhookServer, podset_review, quota_review
 
 pytestmark = pytest.mark.unit
@@ -64,12 +61,7 @@ class Client:
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Client, list[Attributes]]]:
-    material = certs.new_material(["127.0.0.1"], datetime.datetime.now(datetime.UTC))
-    directory = Path(tempfile.mkdtemp(prefix="tally-test-webhook-"))
-    (directory / "tls.crt").write_bytes(material.cert_pem)
-    (directory / "tls.key").write_bytes(material.key_pem)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    context, material = loopback_tls()
     seen: list[Attributes] = []
 
     async def admit(attributes: Attributes) -> None:
