@@ -5,12 +5,15 @@ must not enforce beside them. Each test runs tally as a subprocess (``TallyProce
 only at what can be seen from outside: its exit status, its log, the webhook configuration and
 the probe quota in the API.
 
-* **Reference mode** (upstream's quota system on): tally exits with status 1 and the message
-  naming both flags; it registered no webhook configuration and left no probe quota behind.
-  With ``TALLY_ALLOW_BUILTIN_QUOTA=true`` it starts, with a warning.
+* **Reference mode** (upstream's quota system on, as on every managed cluster): tally starts and
+  enforces ClusterQuotas only. It says so (naming both flags that would let it enforce
+  ResourceQuotas too), its webhook has rules only for what ClusterQuotas name, upstream keeps
+  enforcing ResourceQuotas with its own words, and tally writes nothing onto a ResourceQuota.
+  It leaves no probe quota behind. With ``TALLY_ALLOW_BUILTIN_QUOTA=true`` it enforces both,
+  with a warning.
 * **Either part alone** (reference mode with the controller turned off, or with the admission
-  plugin turned off; a control plane of its own, ~3 s to start): tally stops, and the message
-  names that part's flag only.
+  plugin turned off; a control plane of its own, ~3 s to start): ClusterQuotas only, and the
+  message names that part's flag only.
 * **Operator mode**: tally starts, logs that the built-in system is off, and removes the probe
   (and a leftover probe a killed start would leave). Two replicas starting together both
   conclude: neither deletes the other's probe mid-run.
@@ -23,13 +26,14 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from operator_process import OperatorError, TallyProcess
+from operator_process import TallyProcess
 
 import cluster
 from tally_e2e import ControlPlane
@@ -48,9 +52,10 @@ CONTROLLER_ON = (
     "probe quota's status within "
 )
 CONTROLLER_OFF = "kube-controller-manager's resourcequota-controller: off ("
-REFUSAL_BOUND_S = 30.0
-"""From starting the process to its exit: Python and Kopf start-up (~1 s) plus the probe, which
-is bounded by 10 s (``TIMEOUT_S``) and takes well under a second against upstream."""
+START_BOUND_S = 60.0
+"""Python and Kopf start-up (~1 s), the probe (bounded by 10 s, ``TIMEOUT_S``; well under a
+second against upstream), the LISTs and the webhook's registration."""
+CRD = Path(__file__).resolve().parents[2] / "crds" / "clusterquotas.tally.dev.yaml"
 
 
 def _tally(plane: ControlPlane, log: Path, **env: str) -> TallyProcess:
@@ -65,29 +70,28 @@ def _tally(plane: ControlPlane, log: Path, **env: str) -> TallyProcess:
     )
 
 
-def _refused(tally: TallyProcess) -> str:
-    """Start ``tally``, expect it to exit by itself; return the refusal line of its log."""
-    started = time.monotonic()
-    try:
-        with pytest.raises(OperatorError, match="tally exited with"):
-            tally.start(timeout=REFUSAL_BOUND_S)
-    finally:
-        tally.kill()
-    assert time.monotonic() - started < REFUSAL_BOUND_S
-    assert tally.process is not None
-    assert 1 == tally.process.returncode
+def _cluster_quotas_only(tally: TallyProcess) -> str:
+    """Start ``tally``; return the log line that says it enforces ClusterQuotas only."""
+    tally.start(timeout=START_BOUND_S)
     log = tally.log_text(tail=10_000)
-    # Kopf logs the PermanentError of the start handler at ERROR, message first.
-    lines = [line for line in log.splitlines() if "Activity 'start' failed permanently" in line]
+    lines = [line for line in log.splitlines() if "tally enforces ClusterQuotas only" in line]
     assert len(lines) == 1, log
     (line,) = lines
-    assert "[ERROR   ]" in line
-    assert "tally will not enforce quotas: the cluster's built-in quota system is on. " in line
-    assert "Or set TALLY_ALLOW_BUILTIN_QUOTA=true to run tally beside it anyway." in line
-    # Nothing registered (the registrar starts only after the probe).
-    assert "registered at" not in log
-    assert not tally.webhook_registered()
+    assert (
+        "the cluster's built-in quota system is on: tally enforces ClusterQuotas only and "
+        "leaves ResourceQuotas to it. "
+    ) in line
+    assert "For tally to enforce ResourceQuotas too, turn it off: " in line
+    assert "failed permanently" not in log
     return line
+
+
+def _metric(tally: TallyProcess, line_start: str) -> float:
+    with urllib.request.urlopen(tally.metrics_url, timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(line_start):
+                return float(line.split()[-1])
+    raise AssertionError(f"no {line_start} in tally's metrics")
 
 
 def _probe_quotas(plane: ControlPlane) -> list[str]:
@@ -105,18 +109,123 @@ def _probe_took_ms(line: str) -> int:
 # -- reference mode: upstream's quota system is on
 
 
-def test_reference_mode_stops_tally_with_the_message(
+def test_reference_mode_enforces_cluster_quotas_only(
     reference_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    line = _refused(_tally(reference_plane, tmp_path / "tally.log"))
-    assert PLUGIN_ON in line
-    assert CONTROLLER_ON in line
-    assert f"Turn it off: {APISERVER_FLAG} " in line
-    assert f" and {CONTROLLER_MANAGER_FLAG} " in line
-    # TALLY_NAMESPACE unset: the probe ran in kube-system, which every tally webhook exempts.
-    assert f"(Probe: quota kube-system/{PROBE}, " in line
-    print(f"probe against reference mode: {_probe_took_ms(line)} ms")
-    assert [] == _probe_quotas(reference_plane)
+    reference_plane.kubectl("apply", "-f", str(CRD))
+    reference_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
+    )
+    tally = _tally(reference_plane, tmp_path / "tally.log")
+    namespace = f"e2e-builtin-{uuid.uuid4().hex[:6]}"
+    team = f"builtin-{uuid.uuid4().hex[:6]}"
+    try:
+        line = _cluster_quotas_only(tally)
+        assert PLUGIN_ON in line
+        assert CONTROLLER_ON in line
+        assert f"turn it off: {APISERVER_FLAG} " in line
+        assert f" and {CONTROLLER_MANAGER_FLAG} " in line
+        # TALLY_NAMESPACE unset: the probe ran in kube-system, which every tally webhook exempts.
+        assert f"(Probe: quota kube-system/{PROBE}, " in line
+        print(f"probe against reference mode: {_probe_took_ms(line)} ms")
+        assert [] == _probe_quotas(reference_plane)
+        assert (0.0, 1.0) == (
+            _metric(tally, 'tally_enforcing{kind="ResourceQuota"}'),
+            _metric(tally, 'tally_enforcing{kind="ClusterQuota"}'),
+        )
+        # No ClusterQuota yet: tally's quota webhook has no rule at all.
+        assert [] == _quota_rules(reference_plane, tally)
+        reference_plane.kubectl("create", "namespace", namespace)
+        reference_plane.kubectl("label", "namespace", namespace, f"team={team}")
+        reference_plane.kubectl(
+            "create", "quota", "q", "-n", namespace, "--hard=pods=5,configmaps=10"
+        )
+        reference_plane.kubectl(
+            "apply", "-f", "-",
+            input=json.dumps({
+                "apiVersion": "tally.dev/v1alpha1", "kind": "ClusterQuota",
+                "metadata": {"name": team},
+                "spec": {"namespaceSelector": {"matchLabels": {"team": team}},
+                         "quota": {"hard": {"pods": "2"}}},
+            }),
+        )  # fmt: skip
+        _until(lambda: _cq_used(reference_plane, team) == {"pods": "0"}, "the first status")
+        # The rules follow what ClusterQuotas name: pods (and their resize), nothing else.
+        assert [["pods", "pods/resize"]] == [
+            r["resources"] for r in _quota_rules(reference_plane, tally)
+        ]
+        _until(lambda: _service_account(reference_plane, namespace), "the default SA")
+        for name in ("a", "b"):
+            reference_plane.kubectl("run", name, "-n", namespace, "--image=registry.example/a:1")
+        refused = reference_plane.kubectl(
+            "run", "c", "-n", namespace, "--image=registry.example/a:1", check=False
+        )
+        assert refused.returncode != 0
+        assert (
+            f"exceeded cluster quota: {team}, requested: pods=1, used: pods=2, limited: pods=2"
+        ) in refused.stderr
+        # Upstream still enforces the ResourceQuota, with its own words (not a webhook's).
+        # configmaps=10: kube-root-ca.crt (kube-controller-manager makes it) and nine more.
+        _until(lambda: _has_root_ca(reference_plane, namespace), "kube-root-ca.crt")
+        for index in range(9):
+            reference_plane.kubectl("create", "configmap", f"m{index}", "-n", namespace)
+        upstream = reference_plane.kubectl(
+            "create", "configmap", "one-too-many", "-n", namespace, check=False
+        )
+        assert upstream.returncode != 0
+        assert 'configmaps "one-too-many" is forbidden: exceeded quota: q' in upstream.stderr
+        assert "admission webhook" not in upstream.stderr
+        # tally wrote nothing onto the ResourceQuota.
+        quota = json.loads(
+            reference_plane.kubectl(
+                "get", "quota", "q", "-n", namespace, "-o", "json", "--show-managed-fields"
+            ).stdout
+        )
+        managers = {entry["manager"] for entry in quota["metadata"].get("managedFields", [])}
+        assert "tally" not in managers, managers
+        assert "kube-controller-manager" in managers, managers
+    finally:
+        tally.kill()
+        reference_plane.kubectl(
+            "delete", tally.webhook_configuration, "--ignore-not-found", check=False
+        )
+        reference_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        reference_plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
+
+
+def _quota_rules(plane: ControlPlane, tally: TallyProcess) -> list[dict[str, object]]:
+    config = json.loads(plane.kubectl("get", tally.webhook_configuration, "-o", "json").stdout)
+    (quota,) = [w for w in config["webhooks"] if w["name"] == "quota.tally.dev"]
+    return list(quota.get("rules") or [])
+
+
+def _cq_used(plane: ControlPlane, name: str) -> dict[str, str]:
+    answer = plane.kubectl("get", "clusterquota", name, "-o", "json", check=False)
+    if answer.returncode != 0:
+        return {}
+    return dict(
+        ((json.loads(answer.stdout).get("status") or {}).get("total") or {}).get("used") or {}
+    )
+
+
+def _service_account(plane: ControlPlane, namespace: str) -> bool:
+    return (
+        plane.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode
+        == 0
+    )
+
+
+def _has_root_ca(plane: ControlPlane, namespace: str) -> bool:
+    found = plane.kubectl("get", "configmap", "kube-root-ca.crt", "-n", namespace, check=False)
+    return found.returncode == 0
+
+
+def _until(done: Callable[[], bool], what: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
 
 
 def test_the_override_starts_tally_beside_it(reference_plane: ControlPlane, tmp_path: Path) -> None:
@@ -178,17 +287,24 @@ def partial_plane(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Co
     ],
     indirect=["partial_plane"],
 )  # fmt: skip
-def test_either_part_alone_stops_tally(
+def test_either_part_alone_leaves_resource_quotas_to_it(
     partial_plane: ControlPlane,
     seen: tuple[str, str],
     flag: str,
     not_named: str,
     tmp_path: Path,
 ) -> None:
-    line = _refused(_tally(partial_plane, tmp_path / "tally.log"))
+    tally = _tally(partial_plane, tmp_path / "tally.log")
+    try:
+        line = _cluster_quotas_only(tally)
+    finally:
+        tally.kill()
+        partial_plane.kubectl(
+            "delete", tally.webhook_configuration, "--ignore-not-found", check=False
+        )
     for words in seen:
         assert words in line
-    assert f"Turn it off: {flag} " in line
+    assert f"turn it off: {flag} " in line
     assert not_named not in line
     assert [] == _probe_quotas(partial_plane)
 

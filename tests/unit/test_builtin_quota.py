@@ -183,17 +183,21 @@ def _result(admission: Finding, controller: Finding) -> ProbeResult:
     [
         pytest.param(OFF, OFF, False, Action.PROCEED, (), id="operator-mode"),
         pytest.param(
-            ON, ON, False, Action.REFUSE, (APISERVER_FLAG, CONTROLLER_MANAGER_FLAG),
+            ON, ON, False, Action.CLUSTER_QUOTAS_ONLY, (APISERVER_FLAG, CONTROLLER_MANAGER_FLAG),
             id="reference-mode",
         ),
-        pytest.param(ON, OFF, False, Action.REFUSE, (APISERVER_FLAG,), id="plugin-only"),
         pytest.param(
-            OFF, ON, False, Action.REFUSE, (CONTROLLER_MANAGER_FLAG,), id="controller-only"
+            ON, OFF, False, Action.CLUSTER_QUOTAS_ONLY, (APISERVER_FLAG,), id="plugin-only"
         ),
-        # One part on and one unknown: refuse, and name both flags (the unknown one may be on).
         pytest.param(
-            ON, UNKNOWN, False, Action.REFUSE, (APISERVER_FLAG, CONTROLLER_MANAGER_FLAG),
-            id="on-and-unknown",
+            OFF, ON, False, Action.CLUSTER_QUOTAS_ONLY, (CONTROLLER_MANAGER_FLAG,),
+            id="controller-only",
+        ),
+        # One part on and one unknown: ClusterQuotas only, and name both flags (the unknown one
+        # may be on).
+        pytest.param(
+            ON, UNKNOWN, False, Action.CLUSTER_QUOTAS_ONLY,
+            (APISERVER_FLAG, CONTROLLER_MANAGER_FLAG), id="on-and-unknown",
         ),
         # Fail-open: nothing seen on, something not known.
         pytest.param(UNKNOWN, OFF, False, Action.WARN, (APISERVER_FLAG,), id="plugin-unknown"),
@@ -225,10 +229,13 @@ def test_decide(
     assert f"tally-system/{PROBE_NAME}, 12 ms" in decision.message
 
 
-def test_refusal_says_how_to_proceed_anyway() -> None:
+def test_cluster_quotas_only_says_how_to_have_both() -> None:
     decision = decide(_result(ON, ON), allowed=False)
-    assert decision.message.startswith("tally will not enforce quotas")
-    assert "TALLY_ALLOW_BUILTIN_QUOTA=true" in decision.message
+    assert decision.message.startswith(
+        "the cluster's built-in quota system is on: tally enforces ClusterQuotas only and "
+        "leaves ResourceQuotas to it."
+    )
+    assert "For tally to enforce ResourceQuotas too, turn it off: " in decision.message
     assert "--disable-admission-plugins=ResourceQuota" in decision.message
     assert "--controllers=*,-resourcequota-controller" in decision.message
 

@@ -346,3 +346,20 @@ async def test_a_stopped_registrar_writes_nothing_more() -> None:
     registrar.quotas_changed()
     await asyncio.sleep(REFRESH_DEBOUNCE_S * 3)
     assert ["CA1", "CA2", "CA2"] == applied
+
+
+# -- ClusterQuotas only (the cluster's own quota system is on)
+
+
+def test_cluster_quotas_only_rules_cover_just_what_quotas_name() -> None:
+    evaluators = new_registry().list()
+    nothing = count_resources([], evaluators, core_always=False)
+    assert (set(), []) == (nothing, webhook_rules(nothing, core_always=False))
+    named = count_resources(
+        [{"spec": {"hard": {"requests.cpu": "2", "count/configmaps": "3"}}}],
+        evaluators,
+        core_always=False,
+    )
+    assert {GroupResource("", "pods"), GroupResource("", "configmaps")} == named
+    (rule,) = webhook_rules(named, core_always=False)
+    assert ["configmaps", "pods", "pods/resize"] == rule["resources"]

@@ -7,8 +7,7 @@
   (:mod:`tally.webhook.server`, which says why) once the caches are synced.
 * Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
   controller and admission workers running. When the runtime sees upstream's own quota system
-  on (:mod:`tally.builtin_quota.decision`), the handler raises ``kopf.PermanentError``: Kopf logs
-  the message and the process exits with status 1, having started and registered nothing.
+  on (:mod:`tally.builtin_quota.decision`), it enforces ClusterQuotas only.
   Kopf starts its watches only after the start-up handlers finished, so no event is lost
   between the LIST and the watch (Kopf's own initial listing replays everything; replays are
   dropped by resourceVersion).
@@ -39,7 +38,6 @@ from tally.app.runtime import (
     Runtime,
 )
 from tally.app.settings import Settings, SettingsError
-from tally.builtin_quota.decision import BuiltinQuotaActive
 from tally.evaluators.base import GroupResource
 from tally.kube import cluster_quotas, rest
 from tally.podset import client as podset_client
@@ -99,13 +97,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     logger.info("connected to the API server, version %s", memo.apiserver_version)
 
     runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
-    try:
-        await runtime.start()
-    except BuiltinQuotaActive as refused:
-        # Kopf stops on a PermanentError from a start-up handler, without running the cleanup
-        # handlers: close the client here. Nothing else was started or registered.
-        await api.close()
-        raise kopf.PermanentError(str(refused)) from None
+    await runtime.start()
     memo.runtime = runtime
 
 

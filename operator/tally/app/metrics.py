@@ -135,6 +135,13 @@ class Metrics:
             ["name", "namespace", "resource", "type"],
             registry=self.registry,
         )
+        self.enforcing_gauge = Gauge(
+            "tally_enforcing",
+            "1 for each kind of quota this process enforces (ResourceQuota, ClusterQuota); "
+            "ResourceQuota is 0 where the cluster's own quota system is on.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "tally_leader",
             "1 while this process runs the controllers (it holds the leader election's Lease, "
@@ -234,6 +241,10 @@ class Metrics:
     def watch_charges(self, oldest_age: Callable[[], float | None]) -> None:
         """Report the ledger's oldest pending charge at every scrape."""
         self.oldest_unconfirmed_charge.set_function(lambda: oldest_age() or 0.0)
+
+    def enforcing(self, *, resource_quotas: bool) -> None:
+        self.enforcing_gauge.labels("ResourceQuota").set(1 if resource_quotas else 0)
+        self.enforcing_gauge.labels("ClusterQuota").set(1)
 
     # -- leader election
 

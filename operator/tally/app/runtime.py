@@ -247,6 +247,9 @@ class Runtime:
         self.webhook_server: WebhookServer | None = None
         self.elector: leaderelection.LeaderElector | None = None
         self._controllers_stopped = False
+        self.enforces_resource_quotas = True
+        """False where the cluster's own quota system is on: ClusterQuotas only (set by the
+        start-up probe, before anything starts)."""
         self.leading = False
         """Whether the controllers run here. Invariant: they run only while this is True, and
         with leader election only while the elector holds the lease."""
@@ -359,9 +362,9 @@ class Runtime:
         """Sync the caches and check for the built-in quota system (at the same time), then
         start admission, prepare the webhook, and lead (at once, or once the lease is held).
 
-        Raises :class:`~tally.builtin_quota.decision.BuiltinQuotaActive` (nothing started, nothing
-        registered) when upstream's quota system is on and ``TALLY_ALLOW_BUILTIN_QUOTA`` is
-        not set.
+        Where upstream's quota system is on (and ``TALLY_ALLOW_BUILTIN_QUOTA`` is not set),
+        ClusterQuotas only: no ResourceQuota controller, no ResourceQuota judged, webhook rules
+        only for the kinds ClusterQuotas name.
         """
         settings = self.settings
         if settings.metrics_port:
@@ -399,6 +402,7 @@ class Runtime:
                 quotas=self._quota_specs,
                 evaluators=self.registry.list,
                 failure_policy=settings.webhook_failure_policy,
+                core_always=self.enforces_resource_quotas,
                 exempt_namespaces=[
                     *DEFAULT_EXEMPT_NAMESPACES,
                     *([settings.namespace] if settings.namespace else []),
@@ -444,7 +448,8 @@ class Runtime:
     def _start_leading(self) -> None:
         """Start everything that must run once in the cluster (module docstring)."""
         self.leading = True
-        self.controller.start()
+        if self.enforces_resource_quotas:
+            self.controller.start()
         self.cluster_controller.start()
         self.podset_controller.start()
         if self.registrar is not None:
@@ -514,8 +519,8 @@ class Runtime:
         # The synced point: every kind listed once before any worker reads the caches.
         # The probe runs beside the LISTs (it is mostly waiting), so on a cluster of any size it
         # costs no start-up time; both end before any controller or webhook starts.
-        # A refusal cancels the LISTs at once (on a large cluster they take minutes), and a
-        # failed LIST cancels the probe (which still deletes its quota).
+        # A failed probe request cancels the LISTs (on a large cluster they take minutes), and
+        # a failed LIST cancels the probe (which still deletes its quota).
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._check_then_sync_quotas(), name="builtin-quota-probe")
@@ -553,13 +558,15 @@ class Runtime:
         podset_view.finish()
 
     async def _check_builtin_quota(self) -> None:
-        """Refuse to enforce beside upstream's own quota system (see
+        """Leave ResourceQuotas to upstream's own quota system where it is on (see
         :mod:`tally.builtin_quota.decision`)."""
         namespace = builtin_quota.probe_namespace(self.settings.namespace)
         result = await builtin_quota_probe.probe(self.api, namespace)
         decision = builtin_quota.decide(result, allowed=self.settings.allow_builtin_quota)
-        if decision.action is builtin_quota.Action.REFUSE:
-            raise builtin_quota.BuiltinQuotaActive(decision.message)
+        if decision.action is builtin_quota.Action.CLUSTER_QUOTAS_ONLY:
+            self.enforces_resource_quotas = False
+            self.accessor.resource_quotas = False
+        self.metrics.enforcing(resource_quotas=self.enforces_resource_quotas)
         if decision.action is builtin_quota.Action.WARN:
             logger.warning("%s", decision.message)
         else:
@@ -584,7 +591,7 @@ class Runtime:
         """Every ResourceQuota, and every ClusterQuota as a ResourceQuota-shaped view: what the
         webhook rules and the dynamic ``count/`` kinds follow."""
         return [
-            *self._all_quotas(),
+            *(self._all_quotas() if self.enforces_resource_quotas else ()),
             *(
                 cluster_quota.as_resource_quota(cq, "")
                 for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace("")

@@ -4,8 +4,10 @@ tally re-implements upstream's ResourceQuota admission plugin (kube-apiserver) a
 resourcequota controller (kube-controller-manager). If either still runs, every create is
 charged twice (once by each admission) and two controllers write ``status.used`` with
 different ideas of reservations, so quotas fill up early and flap. tally therefore checks at
-start-up, with a probe quota (:mod:`tally.builtin_quota.probe` does the I/O), and refuses to
-enforce unless told to proceed (``TALLY_ALLOW_BUILTIN_QUOTA``).
+start-up, with a probe quota (:mod:`tally.builtin_quota.probe` does the I/O). Where the built-in
+system is on (every managed cluster) tally enforces ClusterQuotas only: it writes nothing onto
+ResourceQuotas and its webhook judges only what ClusterQuotas charge, while upstream keeps
+enforcing ResourceQuotas. ``TALLY_ALLOW_BUILTIN_QUOTA`` makes it enforce both anyway.
 
 What the probe can observe, and how it is read here:
 
@@ -21,12 +23,10 @@ What the probe can observe, and how it is read here:
   last validating plugin: ``AllOrderedPlugins`` in kubernetes ``pkg/kubeapiserver/options/
   plugins.go``), so such an answer says nothing about the plugin: unknown.
 
-Fail-safe stance: only what was *seen* to be on refuses the start. A probe that cannot tell (no
-permission, API errors, a failing webhook, the time bound) starts tally with a warning that says
-what to check. The check guards against a configuration mistake, not an attacker; refusing on
-an inconclusive probe would turn an API hiccup or a missing Role into "tally down", and a tally
-that is down while its fail-closed webhook stays registered refuses creates cluster-wide, which
-is worse than the double charging the check exists to prevent.
+Fail-safe stance: only what was *seen* to be on leaves ResourceQuotas to the built-in system.
+A probe that cannot tell (no permission, API errors, a failing webhook, the time bound) starts
+tally enforcing both, with a warning that says what to check: the check guards against a
+configuration mistake, not an attacker.
 
 Pure: no I/O, no kopf, kubernetes-asyncio or pydantic; unit-tested with plain data.
 """
@@ -103,18 +103,15 @@ class Action(enum.Enum):
     PROCEED = "proceed"
     WARN = "warn"
     """Start, but log the message as a warning."""
-    REFUSE = "refuse"
-    """Do not enforce: stop with the message."""
+    CLUSTER_QUOTAS_ONLY = "cluster-quotas-only"
+    """Enforce ClusterQuotas only: ResourceQuotas are the built-in system's (tally writes nothing
+    onto them and does not judge them)."""
 
 
 @dataclass(frozen=True)
 class Decision:
     action: Action
     message: str
-
-
-class BuiltinQuotaActive(Exception):
-    """tally refuses to start: the built-in quota system is on. The message says what to do."""
 
 
 def probe_namespace(operator_namespace: str) -> str:
@@ -209,8 +206,9 @@ def _quote(message: str, limit: int = 300) -> str:
 
 
 def decide(result: ProbeResult, *, allowed: bool) -> Decision:
-    """Refuse when a part was seen on (unless ``allowed``), warn when the probe could not tell,
-    proceed otherwise. The message names the exact flags for every part not seen off."""
+    """ClusterQuotas only when a part was seen on (unless ``allowed``: then both, with a
+    warning), warn when the probe could not tell, proceed otherwise. The message names the
+    exact flags for every part not seen off."""
     parts = (
         ("kube-apiserver's ResourceQuota admission plugin", result.admission, APISERVER_FLAG,
          APISERVER_FLAG_NOTE),
@@ -224,11 +222,10 @@ def decide(result: ProbeResult, *, allowed: bool) -> Decision:
     unknown = any(f.state is State.UNKNOWN for _, f, _, _ in parts)
     if on and not allowed:
         return Decision(
-            Action.REFUSE,
-            f"tally will not enforce quotas: the cluster's built-in quota system is on. {seen} "
-            "It would charge every create a second time and write status.used beside tally. "
-            f"Turn it off: {fixes}. Or set {ALLOW_SETTING}=true to run tally beside it anyway. "
-            f"{probe}",
+            Action.CLUSTER_QUOTAS_ONLY,
+            "the cluster's built-in quota system is on: tally enforces ClusterQuotas only and "
+            f"leaves ResourceQuotas to it. {seen} For tally to enforce ResourceQuotas too, turn "
+            f"it off: {fixes}. {probe}",
         )
     if on:
         return Decision(

@@ -110,14 +110,19 @@ def parse_service_reference(text: str) -> ServiceReference:
 
 
 def count_resources(
-    quotas: Iterable[Mapping[str, Any]], evaluators: Iterable[Evaluator] = ()
+    quotas: Iterable[Mapping[str, Any]],
+    evaluators: Iterable[Evaluator] = (),
+    *,
+    core_always: bool = True,
 ) -> set[GroupResource]:
     """Group/resources named by any quota's spec or status, besides the core kinds already
     covered: by ``count/…``, or by a name one of ``evaluators`` (the registered ones) measures
     (``gold.deviceclass.resource.k8s.io/devices`` names ``resourceclaims.resource.k8s.io``,
-    whose creation admission must charge)."""
+    whose creation admission must charge). ``core_always=False``: the core kinds are not
+    covered by default either (tally enforces ClusterQuotas only), so they are found the same
+    way."""
     found: set[GroupResource] = set()
-    covered = {GroupResource("", r) for r in CORE_RESOURCES}
+    covered = {GroupResource("", r) for r in CORE_RESOURCES} if core_always else set()
     candidates = [e for e in evaluators if e.group_resource not in covered]
     for quota in quotas:
         for section in ("spec", "status"):
@@ -135,19 +140,29 @@ def count_resources(
     return found
 
 
-def webhook_rules(extra: Iterable[GroupResource]) -> list[dict[str, Any]]:
-    """Admission rules: the core kinds, then one rule per API group of ``extra``."""
+def webhook_rules(
+    extra: Iterable[GroupResource], *, core_always: bool = True
+) -> list[dict[str, Any]]:
+    """Admission rules: the core kinds (all of them, or with ``core_always=False`` only those
+    in ``extra``), then one rule per API group of ``extra``."""
     operations = ["CREATE", "UPDATE"]
-    core = set(CORE_RESOURCES) | {gr.resource for gr in extra if not gr.group}
-    rules: list[dict[str, Any]] = [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "resources": sorted(core),
-            "operations": operations,
-            "scope": "Namespaced",
-        }
-    ]
+    extra = list(extra)
+    core = (set(CORE_RESOURCES) if core_always else set()) | {
+        gr.resource for gr in extra if not gr.group
+    }
+    if "pods" in core:
+        core.add("pods/resize")  # an in-place resize is charged by its growth
+    rules: list[dict[str, Any]] = []
+    if core:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": sorted(core),
+                "operations": operations,
+                "scope": "Namespaced",
+            }
+        )
     by_group: dict[str, set[str]] = {}
     for gr in extra:
         if gr.group:

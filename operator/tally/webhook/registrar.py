@@ -74,12 +74,16 @@ class WebhookRegistrar:
         tls_name: str | None = None,
         evaluators: Callable[[], Iterable[Evaluator]] = tuple,
         clock: Callable[[], float] = time.monotonic,
+        core_always: bool = True,
     ) -> None:
         """``service``: name a Service in the client configs instead of ``url``. ``tls_name``:
         a name the serving certificate holds, to check that the server answers (default: the
         listen address, which a wildcard listen address like ``0.0.0.0`` is not).
         ``evaluators``: the registered evaluators, whose names in a quota also call for rules
-        on their kinds (:func:`~tally.webhook.configuration.count_resources`)."""
+        on their kinds (:func:`~tally.webhook.configuration.count_resources`).
+        ``core_always=False`` (ClusterQuotas only): rules only for the kinds some quota names,
+        the core kinds included, so that nothing else passes tally's webhook."""
+        self.core_always = core_always
         self._api = api
         self.name = name
         self._url = url
@@ -111,7 +115,7 @@ class WebhookRegistrar:
             name=self.name,
             url=self._url,
             ca_bundle=base64.b64encode(self._ca_pem).decode("ascii"),
-            rules=webhook_rules(extra),
+            rules=webhook_rules(extra, core_always=self.core_always),
             failure_policy=self._failure_policy,
             exempt_namespaces=self._exempt,
             service=self._service,
@@ -175,7 +179,7 @@ class WebhookRegistrar:
             await self._apply()
 
     async def _apply(self) -> None:
-        extra = count_resources(self._quotas(), self._evaluators())
+        extra = self._wanted()
         body = self.body(extra)
         try:
             current = await rest.get_json(self._api, f"{PATH}/{self.name}")
@@ -195,8 +199,11 @@ class WebhookRegistrar:
             await rest.put_json(self._api, f"{PATH}/{self.name}", body)
         self._applied = extra
         now = self._clock()
-        covered = CHARGED_CORE_KINDS | extra
+        covered = (CHARGED_CORE_KINDS if self.core_always else frozenset()) | extra
         self._charged_since = {gr: self._charged_since.get(gr, now) for gr in covered}
+
+    def _wanted(self) -> set[GroupResource]:
+        return count_resources(self._quotas(), self._evaluators(), core_always=self.core_always)
 
     def charges_creations(self, gr: GroupResource) -> bool:
         """Whether admission charges creations of ``gr`` now: the applied rules have covered it
@@ -218,7 +225,7 @@ class WebhookRegistrar:
 
     async def _refresh_rules(self) -> None:
         await asyncio.sleep(REFRESH_DEBOUNCE_S)
-        if count_resources(self._quotas(), self._evaluators()) != self._applied:
+        if self._wanted() != self._applied:
             await self.apply()
             logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
 
