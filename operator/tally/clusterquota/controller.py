@@ -46,6 +46,7 @@ from tally.workqueue import (
     RateLimitingQueue,
     WorkerPool,
     default_controller_rate_limiter,
+    start_watched,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ logger = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 
 QUEUE: Final = "clusterquota"
+_UNEXPECTED_END: Final = "task %(task)s ended unexpectedly: %(error)r"
+"""The resync loop runs until :meth:`ClusterQuotaController.stop` cancels it."""
 DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 DEFAULT_WORKERS: Final = 5
 
@@ -278,7 +281,13 @@ class ClusterQuotaController:
 
     def start(self) -> None:
         self._pool.start()
-        self._resync_task = asyncio.create_task(self._resync_loop(), name="clusterquota-resync")
+        self._resync_task = start_watched(
+            self._resync_loop(),
+            name="clusterquota-resync",
+            logger=logger,
+            died=_UNEXPECTED_END,
+            ended=_UNEXPECTED_END,
+        )
 
     async def _resync_loop(self) -> None:
         while True:
