@@ -296,7 +296,14 @@ def demo_namespace(control_plane: ControlPlane) -> Iterator[None]:
 
 def test_examples_apply_cleanly(podset_crd: None, control_plane: ControlPlane) -> None:
     examples = sorted(EXAMPLES.glob("*.yaml"))
-    assert ["00-namespace.yaml", "10-quota.yaml", "20-podset.yaml"] == [p.name for p in examples]
+    assert [
+        "00-namespace.yaml", "10-quota.yaml", "20-podset.yaml", "30-clusterquota.yaml"
+    ] == [p.name for p in examples]  # fmt: skip
+    # The ClusterQuota example needs its CRD (`make run` applies every CRD first).
+    control_plane.kubectl("apply", "-f", str(EXAMPLES.parent / "clusterquotas.tally.dev.yaml"))
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
+    )
     with demo_namespace(control_plane):
         for example in examples[1:]:
             applied = control_plane.kubectl("apply", "--dry-run=server", "-f", str(example))

@@ -27,6 +27,8 @@ from tally_e2e import RunningOperator, eventually
 
 BOUND_S = DEFAULT_TIMEOUT_S + 2.0
 """What the issue allows: the confirmation timeout plus 2 s."""
+FILL_WITHIN_S = 60.0
+"""A guard against a quota that never fills (the test would otherwise loop forever)."""
 IMAGE = "registry.example/app:1"
 POD_CREATES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                 "resources": ["pods"]}]  # fmt: skip
@@ -167,10 +169,12 @@ async def test_a_burst_half_refused_elsewhere_never_over_admits(
         burst_ended = time.monotonic()
         assert not any(admitted[1::2])  # the other webhook refused all it was asked
         assert len(await _pod_names(api, namespace)) == sum(admitted) <= hard
-        # Fill the rest with ordinary creates; each refusal must stop within the bound.
+        # Fill the rest with ordinary creates, one at a time: no refusal may come later than
+        # the bound after the burst (the fill itself may take longer on a loaded machine).
         index = 0
+        last_refused = burst_ended
         while len(await _pod_names(api, namespace)) < hard:
-            assert time.monotonic() - burst_ended <= BOUND_S, "ordinary creates still refused"
+            assert time.monotonic() - burst_ended <= FILL_WITHIN_S, "the quota never filled"
             with_room = f"fill-{index}"
             index += 1
             try:
@@ -178,7 +182,9 @@ async def test_a_burst_half_refused_elsewhere_never_over_admits(
             except client.ApiException as refused:
                 if refused.status != 403:
                     raise
+                last_refused = time.monotonic()
                 await asyncio.sleep(0.1)
+        assert last_refused - burst_ended <= BOUND_S, "ordinary creates refused past the bound"
         with pytest.raises(client.ApiException) as full:
             await core.create_namespaced_pod(namespace, _pod("one-too-many"))
         assert f"used: pods={hard}, limited: pods={hard}" in _message(full.value)
