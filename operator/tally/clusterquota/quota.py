@@ -8,8 +8,9 @@ shaped view (:func:`as_resource_quota`): the evaluators match objects against it
 admission charges it with the same checks, its ``status.used`` being the *total*.
 
 The status is OpenShift's ClusterResourceQuota shape, which users know: ``total`` (``hard`` and
-``used``) and ``namespaces`` (``[{namespace, status: {used}}]``, sorted by namespace), plus two
-fields for ``kubectl get``'s columns (``namespaceCount``, ``mostUsed``). ``total.used`` is
+``used``) and ``namespaces`` (``[{namespace, status: {used}}]``, sorted by namespace; unlike
+OpenShift, a selected namespace that uses nothing is not listed), plus two fields for ``kubectl
+get``'s columns (``namespaceCount``: every selected namespace; ``mostUsed``). ``total.used`` is
 exactly the sum of the namespaces' ``used``.
 
 Pure: plain JSON in and out; selector and quantity parsing from the core.
@@ -158,9 +159,13 @@ def build_status(
     total = resources.mask(total, hard_list)
     return {
         "total": {"hard": resources.to_strings(hard_list), "used": resources.to_strings(total)},
+        # Namespaces that use nothing are left out (namespaceCount counts them): over a
+        # thousand namespaces the list would be mostly zeros, and every status write, each of
+        # admission's charges included, carries the whole list.
         "namespaces": [
             {"namespace": namespace, "status": {"used": resources.to_strings(used)}}
             for namespace, used in sorted(used_by_namespace.items())
+            if not resources.is_zero(used)
         ],
         "namespaceCount": len(used_by_namespace),
         "mostUsed": most_used(hard_list, total),
@@ -185,7 +190,7 @@ def charged_status(
         {"namespace": name, "status": {"used": resources.to_strings(used)}}
         for name, used in sorted(by_namespace.items())
     ]
-    status["namespaceCount"] = len(by_namespace)
+    # namespaceCount stays: it counts selected namespaces, listed or not (build_status).
     hard_list = status_total(cq, "hard") or {}
     status["mostUsed"] = most_used(hard_list, total_used)
     return status

@@ -55,6 +55,13 @@ def test_status_total_is_the_sum_of_the_namespaces_sorted() -> None:
     assert "pods 3/10" == status["mostUsed"]
 
 
+def test_namespaces_that_use_nothing_are_counted_not_listed() -> None:
+    status = cluster.build_status(
+        {"pods": q("5")}, {"a": {"pods": q("0")}, "b": {"pods": q("1")}}, ["pods"]
+    )
+    assert (["b"], 2) == ([e["namespace"] for e in status["namespaces"]], status["namespaceCount"])
+
+
 def test_no_namespace_selected_is_zero_for_every_measured_name() -> None:
     status = cluster.build_status({"pods": q("5"), "widgets": q("1")}, {}, ["pods"])
     assert {"pods": "0"} == status["total"]["used"]
@@ -85,6 +92,7 @@ def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
                 {"namespace": "a", "status": {"used": {"pods": "2"}}},
                 {"namespace": "b", "status": {"used": {"pods": "1"}}},
             ],
+            "namespaceCount": 3,  # c is selected too, and uses nothing yet: not listed
         },
     )
     status = cluster.charged_status(
