@@ -74,6 +74,7 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client
 
 from tally.kube import rest
+from tally.machinery.errors import Conflict
 from tally.webhook import certs
 from tally.webhook.certs import Material, MaterialError, Policy
 from tally.workqueue import start_watched
@@ -105,10 +106,6 @@ class Stored:
     """resourceVersion (or a digest): what a write must name, and what a watch event shows."""
     raw: Mapping[str, Any] | None = None
     """The object read (a Secret), replaced by a write; None: none exists."""
-
-
-class Conflict(Exception):
-    """Someone else wrote the material after it was read."""
 
 
 class Source(Protocol):
