@@ -24,8 +24,6 @@ Left out: watching (the wiring feeds the handlers), the API client (a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,10 +41,10 @@ from tally.quota.quantity import Quantity
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
+    Periodic,
     RateLimitingQueue,
     WorkerPool,
     default_controller_rate_limiter,
-    start_watched,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,8 +52,6 @@ logger = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 
 QUEUE: Final = "clusterquota"
-_UNEXPECTED_END: Final = "task %(task)s ended unexpectedly: %(error)r"
-"""The resync loop runs until :meth:`ClusterQuotaController.stop` cancels it."""
 DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 DEFAULT_WORKERS: Final = 5
 
@@ -110,7 +106,9 @@ class ClusterQuotaController:
         self._pool = WorkerPool(
             self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
         )
-        self._resync_task: asyncio.Task[None] | None = None
+        self._resync = Periodic(
+            self.enqueue_all, resync_period, name="clusterquota-resync", logger=logger
+        )
         # Parsed selectors by ClusterQuota name, with the resourceVersion they were parsed at.
         # Entries leave with their ClusterQuota.
         self._selectors: dict[str, tuple[str, LabelSelector | None]] = {}
@@ -281,24 +279,10 @@ class ClusterQuotaController:
 
     def start(self) -> None:
         self._pool.start()
-        self._resync_task = start_watched(
-            self._resync_loop(),
-            name="clusterquota-resync",
-            logger=logger,
-            died=_UNEXPECTED_END,
-            ended=_UNEXPECTED_END,
-        )
-
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.resync_period)
-            self.enqueue_all()
+        self._resync.start()
 
     async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync_task
+        await self._resync.stop()
         await self._pool.stop(grace_period=grace_period)
 
 

@@ -32,7 +32,6 @@ caches it owns) and the API client (a :class:`QuotaStatusWriter` is passed in).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -49,10 +48,10 @@ from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
+    Periodic,
     RateLimitingQueue,
     WorkerPool,
     default_controller_rate_limiter,
-    start_watched,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,9 +68,6 @@ DEFAULT_WORKERS: Final = 5
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
-_UNEXPECTED_EXIT: Final = "task %(task)s ended unexpectedly: %(error)r"
-"""The resync loop runs until :meth:`ResourceQuotaController.stop` cancels it; any other end,
-crash or return, is logged (CRITICAL) with this."""
 
 
 class QuotaStatusWriter(Protocol):
@@ -181,7 +177,9 @@ class ResourceQuotaController:
                 expected=(Conflict,),
             ),
         ]
-        self._resync_task: asyncio.Task[None] | None = None
+        self._resync = Periodic(
+            self.enqueue_all, resync_period, name="resourcequota-resync", logger=logger
+        )
 
     # -- event handlers: work out keys, enqueue, nothing else
 
@@ -361,26 +359,12 @@ class ResourceQuotaController:
         """Start the workers and the resync loop; the caches must be synced already."""
         for pool in self._pools:
             pool.start()
-        self._resync_task = start_watched(
-            self._resync_loop(),
-            name="resourcequota-resync",
-            logger=logger,
-            died=_UNEXPECTED_EXIT,
-            ended=_UNEXPECTED_EXIT,
-        )
-
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.resync_period)
-            self.enqueue_all()
+        self._resync.start()
 
     async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
         """Stop the resync loop and the workers; syncs still running after ``grace_period``
         seconds are cancelled (0: at once, when leadership is lost)."""
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync_task
+        await self._resync.stop()
         await asyncio.gather(*(pool.stop(grace_period=grace_period) for pool in self._pools))
 
 

@@ -40,7 +40,7 @@ from tally.workqueue.metrics import MetricsProvider, NoopMetricsProvider, Promet
 from tally.workqueue.queue import Queue, ShutDown
 from tally.workqueue.rate_limiting import RateLimitingQueue
 from tally.workqueue.runner import DEFAULT_STOP_TIMEOUT, WorkerPool
-from tally.workqueue.tasks import start_watched
+from tally.workqueue.tasks import Periodic, start_watched
 from tally.workqueue.tokenbucket import TokenBucket
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "MaxOfRateLimiter",
     "MetricsProvider",
     "NoopMetricsProvider",
+    "Periodic",
     "PrometheusMetricsProvider",
     "Queue",
     "RateLimiter",

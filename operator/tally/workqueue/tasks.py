@@ -31,6 +31,7 @@ and logging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
@@ -79,3 +80,38 @@ def start_watched(
     task = asyncio.create_task(coro, name=name)
     task.add_done_callback(log_end)
     return task
+
+
+UNEXPECTED_END = "task %(task)s ended unexpectedly: %(error)r"
+"""What :class:`Periodic` logs (CRITICAL) if its loop ends before :meth:`Periodic.stop`."""
+
+
+class Periodic:
+    """Calls ``fn`` every ``period`` seconds, from :meth:`start` until :meth:`stop`, in a
+    watched task: a controller's full resync (upstream's ``resyncMonitors``/``enqueueAll``
+    ticker)."""
+
+    def __init__(self, fn: Callable[[], None], period: float, *, name: str, logger: Logger) -> None:
+        self.fn = fn
+        self.period = period
+        self.name = name
+        self._logger = logger
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = start_watched(
+            self._run(), name=self.name, logger=self._logger, died=UNEXPECTED_END,
+            ended=UNEXPECTED_END,
+        )  # fmt: skip
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self.fn()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
