@@ -142,7 +142,7 @@ async def test_a_stop_flag_set_later_is_read_when_the_task_ends(
 
 async def test_periodic_calls_until_stopped() -> None:
     calls: list[float] = []
-    periodic = Periodic(
+    periodic = tasks.Periodic(
         lambda: calls.append(0.0), 0.01, name="resync", logger=logging.getLogger("t")
     )
     periodic.start()
