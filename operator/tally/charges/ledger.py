@@ -79,8 +79,9 @@ Measured on this project's 2-core machine under ``bench/admission.py`` load (20 
 charge recorded → the object in tally's cache, p99.9 within 0.25 s in five runs and 0.5 s in a
 sixth on a more loaded machine. The API server calls the other validating webhooks in parallel
 with tally's and stores the object only once the slowest of them answered, so the timeout must
-also cover their latency: 5 s leaves 10-20x the measured p99.9 for webhooks that take seconds, while a refused request holds its quotas for 5 s instead of until
-the next full resync (minutes)."""
+also cover their latency: 5 s leaves 10-20x the measured p99.9 for webhooks that take seconds,
+while a refused request holds its quotas for 5 s instead of until the next full resync
+(minutes)."""
 
 
 @dataclass(frozen=True, slots=True)
