@@ -1,6 +1,6 @@
 """Where quota admission reads quotas and writes their status: upstream's ``QuotaAccessor``.
 
-Admission needs two things from the outside world, and this module states them as a
+Admission needs three things from the outside world, and this module states them as a
 :class:`QuotaAccessor` protocol so that the checks and the batching stay pure and testable with
 an in-memory fake:
 
@@ -13,6 +13,9 @@ an in-memory fake:
 * ``update_quota_status(quota)``: a compare-and-swap write: an update of the ``status``
   subresource that carries the resourceVersion that was read, so that a concurrent writer makes
   it fail with 409 instead of being overwritten.
+* ``refresh(quota)``: after a lost write, the stored copy from the API. Upstream retries
+  against its informer, which often has not seen the write that won yet, so its retries tend
+  to lose again; with several webhook replicas charging one quota that ends in 409s.
 
 :class:`Conflict` is re-exported from the controller, which raises it for the same 409.
 
@@ -57,6 +60,13 @@ class QuotaAccessor(Protocol):
         Raises :class:`Conflict` on 409 (the quota changed since it was read). Any other
         exception is a failed write too; an ``AdmissionDenied`` raised here is passed to the
         requests unchanged, anything else becomes a 500.
+        """
+        ...
+
+    async def refresh(self, quota: Quota) -> None:
+        """A write of ``quota`` lost its compare-and-swap: fetch the stored copy from the API,
+        so that the next ``get_quotas`` returns it (or a newer one) rather than a cached copy
+        that has not seen the write that won. Raising only costs the retry its fresh copy.
         """
         ...
 

@@ -15,10 +15,11 @@ event loop:
   pod. Waiters that arrive while their namespace is being worked on wait for the next pass
   (``dirty_work``); this is the workqueue's dirty/processing idea keyed by namespace.
 * The charge is reserved by writing the quota's status with the resourceVersion that was read
-  (compare and swap). A write that loses is retried against a fresh read, up to 3 times. A
-  request is allowed only after every quota it charges has been written, so the quotas'
-  ``status.used`` never admits more than ``status.hard``, however many webhook replicas or
-  workers race.
+  (compare and swap). A write that fails is retried against a fresh read, up to 3 times; one
+  that lost its compare-and-swap, up to 10 times, against the stored copy read from the API,
+  after a short random pause. A request is allowed only after every quota it charges has been
+  written, so the quotas' ``status.used`` never admits more than ``status.hard``, however many
+  webhook replicas or workers race.
 
 * Every charge is put into the charge ledger (:mod:`tally.charges`) before it is written, so
   that no recalculation erases it; when the pass ends, an allowed request's charge waits there
@@ -44,6 +45,11 @@ Deliberate differences from upstream's ``checkQuotas``, each closing a hole in i
   refused could be admitted. Here a refusal is final.
 * A retry skips the LimitedResources checks: the requests passed them against the full quota
   list, and the subset of retried quotas would not cover names the other quotas cover.
+* A lost compare-and-swap is retried against the quota read from the API (upstream re-reads
+  its informer, which often has not seen the write that won, so the retry loses again), with
+  more attempts (10 instead of 3) and a random pause growing with each, so that replicas
+  charging one quota do not stay in step. With two replicas behind a balancer, upstream's
+  policy ended 8 of 480 pod creates in a burst with a 409 instead of a decision.
 * A waiter whose caller has stopped waiting (timeout or cancellation) is dropped before it is
   checked, so the quota is not charged for a request the client was told failed.
 * After :meth:`QuotaEvaluator.stop`, requests are refused at once with a 500 instead of timing
@@ -57,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +95,7 @@ from tally.workqueue import Queue, ShutDown, start_watched
 
 __all__ = [
     "CHECK_QUOTAS_RETRIES",
+    "CONFLICT_RETRIES",
     "DEFAULT_WORKERS",
     "EVALUATION_TIMEOUT_S",
     "TIMED_OUT",
@@ -108,7 +116,18 @@ verdict, queueing included. The webhook's ``timeoutSeconds`` should not be short
 server gives up first and applies the failure policy instead of this 500."""
 CHECK_QUOTAS_RETRIES: Final = 3
 """Upstream ``checkAttributes`` calls ``checkQuotas(quotas, admissionAttributes, 3)``: one
-attempt plus 3 retries, at most 4 writes of a quota per pass."""
+attempt plus 3 retries, at most 4 writes of a quota per pass. Here for failures other than a
+lost compare-and-swap."""
+CONFLICT_RETRIES: Final = 10
+"""Retries of a write that lost its compare-and-swap, each against the stored copy read from
+the API: another loss needs another writer to land between that read and the write (a few
+milliseconds), so ten in a row mean a quota written far faster than one pass can follow; the
+10 s evaluation timeout bounds the pass anyway."""
+CONFLICT_BACKOFF_S: Final = 0.005
+"""The first retry after a lost compare-and-swap waits up to this long (uniformly at random),
+each further retry up to twice as long, capped at :data:`CONFLICT_BACKOFF_MAX_S`: replicas
+whose passes collided then write at different moments."""
+CONFLICT_BACKOFF_MAX_S: Final = 0.1
 
 TIMED_OUT: Final = "resource quota evaluation timed out"
 SHUTTING_DOWN: Final = "resource quota evaluator is shutting down"
@@ -249,6 +268,7 @@ class QuotaEvaluator:
         workers: int = DEFAULT_WORKERS,
         timeout: float = EVALUATION_TIMEOUT_S,
         retries: int = CHECK_QUOTAS_RETRIES,
+        conflict_retries: int = CONFLICT_RETRIES,
         metrics: AdmissionMetrics | None = None,
         charges: ChargeLedger | None = None,
         lane_of: Callable[[str], str] | None = None,
@@ -266,6 +286,7 @@ class QuotaEvaluator:
         self._workers = workers
         self._timeout = timeout
         self._retries = retries
+        self._conflict_retries = conflict_retries
         self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
         self._charges = charges
         self._lane_of: Callable[[str], str] = lane_of or (lambda namespace: namespace)
@@ -524,7 +545,10 @@ class QuotaEvaluator:
            swap). If all writes succeed, allow the pending waiters and return.
         4. If some writes failed and no retries remain, or the quotas cannot be re-read, refuse
            the pending waiters with the last write error (409 for a conflict) and return.
-        5. Otherwise re-read the namespace's quotas, keep only those whose write failed (by
+           Lost compare-and-swaps alone have their own, larger budget of retries
+           (``conflict_retries``); any other failure counts against ``remaining_retries``.
+        5. Otherwise re-read the namespace's quotas (those whose write lost its compare-and-swap
+           from the API, after a short random pause), keep only those whose write failed (by
            name; a quota deleted meanwhile is skipped), and go back to 1 with the pending
            waiters only. Their other charges are already written, so checking them against the
            retried quotas alone is enough.
@@ -551,6 +575,7 @@ class QuotaEvaluator:
         later may have some)."""
         requests = [waiter.request for waiter in waiters]
         limited: Sequence[LimitedResource] = self._config.limited_resources
+        conflict_retries = self._conflict_retries
         to_check: list[int] | None = None
         while True:
             # Phase 1.
@@ -566,7 +591,7 @@ class QuotaEvaluator:
             # Phase 3. The ledger holds the charges from before the writes: a recalculation
             # running while they are in flight, or before this pass ends, must not erase them.
             self._hold_charges(batch, waiters, charges)
-            failed, last_error = await self._write(batch, waiters)
+            failed, lost, last_error = await self._write(batch, waiters)
             if self._charges is not None:
                 for index in pending:
                     for quota_index in batch.charges[index]:
@@ -581,10 +606,20 @@ class QuotaEvaluator:
                     waiters[index].resolve(None)
                 return
             # Phase 4.
-            if remaining_retries <= 0:
-                self._refuse(waiters, pending, last_error)
-                return
+            conflicts_only = all(identity in lost for identity in failed)
+            if conflicts_only:
+                if conflict_retries <= 0:
+                    self._refuse(waiters, pending, last_error)
+                    return
+                conflict_retries -= 1
+            else:
+                if remaining_retries <= 0:
+                    self._refuse(waiters, pending, last_error)
+                    return
+                remaining_retries -= 1
             self._metrics.retried()
+            if lost:
+                await self._refresh(batch, lost, self._conflict_retries - conflict_retries)
             try:
                 fresh, applies = await self._read_quotas(
                     sorted({_namespace(waiters[index]) for index in pending})
@@ -599,7 +634,6 @@ class QuotaEvaluator:
             quotas = [q for q in fresh if quota_identity(q) in failed]
             to_check = [index for index in pending if not waiters[index].abandoned]
             limited = ()
-            remaining_retries -= 1
 
     def _hold_charges(
         self,
@@ -654,17 +688,38 @@ class QuotaEvaluator:
         for index in indexes:
             waiters[index].resolve(error)
 
+    async def _refresh(
+        self, batch: BatchResult, lost: set[tuple[str, str, str]], attempt: int
+    ) -> None:
+        """Before retry ``attempt`` (1, 2, …): pause at random, then fetch the quotas whose
+        write lost its compare-and-swap from the API (a failed fetch leaves the cached copy)."""
+        pause = min(CONFLICT_BACKOFF_MAX_S, CONFLICT_BACKOFF_S * 2 ** (attempt - 1))
+        await asyncio.sleep(random.uniform(0, pause))
+        quotas = [q for q in batch.quotas if quota_identity(q) in lost]
+        results = await asyncio.gather(
+            *(self._accessor.refresh(q) for q in quotas), return_exceptions=True
+        )
+        for quota, outcome in zip(quotas, results, strict=True):
+            if isinstance(outcome, Exception):
+                logger.warning(
+                    "quota admission: reading quota %s after a conflict failed: %s",
+                    quota_name(quota), outcome,
+                )  # fmt: skip
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
     async def _write(
         self, batch: BatchResult, waiters: Sequence[_Waiter]
-    ) -> tuple[set[tuple[str, str, str]], AdmissionDenied | None]:
-        """Write the changed quotas at once; the identities of those that failed and the
-        last failure."""
+    ) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]], AdmissionDenied | None]:
+        """Write the changed quotas at once; the identities of those that failed, of those
+        among them that lost their compare-and-swap, and the last failure."""
         quotas, changed = batch.quotas, batch.changed
         results = await asyncio.gather(
             *(self._update(index, batch, waiters) for index in changed),
             return_exceptions=True,
         )
         failed: set[tuple[str, str, str]] = set()
+        lost: set[tuple[str, str, str]] = set()
         last_error: AdmissionDenied | None = None
         for index, outcome in zip(changed, results, strict=True):
             if not isinstance(outcome, BaseException):
@@ -672,6 +727,7 @@ class QuotaEvaluator:
             name = quota_name(quotas[index])
             if isinstance(outcome, Conflict):
                 self._metrics.write_conflicted()
+                lost.add(quota_identity(quotas[index]))
                 last_error = AdmissionDenied(
                     CONFLICT, conflict_message(name, _resource_of(quotas[index]))
                 )
@@ -683,7 +739,7 @@ class QuotaEvaluator:
             else:
                 raise outcome  # CancelledError and friends
             failed.add(quota_identity(quotas[index]))
-        return failed, last_error
+        return failed, lost, last_error
 
 
 def _namespace(waiter: _Waiter) -> str:

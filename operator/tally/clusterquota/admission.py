@@ -36,6 +36,8 @@ class StatusWriter(Protocol):
 
     async def put_status(self, cq: Obj) -> Obj: ...
 
+    async def refresh(self, name: str) -> None: ...
+
 
 class ClusterQuotaBinding:
     """The ClusterQuota half of quota admission's ``QuotaAccessor`` (see module doc)."""
@@ -51,6 +53,10 @@ class ClusterQuotaBinding:
         return [
             cluster.as_resource_quota(cq, namespace) for cq in self._selection.selecting(namespace)
         ]
+
+    async def refresh(self, view: Obj) -> None:
+        """Read the ClusterQuota ``view`` stands for from the API; the next views use it."""
+        await self._writer.refresh(str((view.get("metadata") or {}).get("name") or ""))
 
     async def write(
         self, view: Obj, charged_by_namespace: Mapping[str, ResourceList]

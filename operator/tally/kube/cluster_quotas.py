@@ -50,6 +50,13 @@ class KubeClusterQuotaWriter:
         self._recent.add(stored)
         return stored
 
+    async def refresh(self, name: str) -> None:
+        """Read the ClusterQuota from the API (a quorum read, not the watch cache) and keep it
+        as the newest copy: after a lost compare-and-swap the cache may still lag behind the
+        write that won, and a retry judged against it would lose again."""
+        path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}"
+        self._recent.add(await rest.get_json(self._api, path))
+
     async def update_status(self, cq: Obj, status: Mapping[str, Any]) -> None:
         """The usage controller's write; a ClusterQuota deleted meanwhile is done."""
         try:

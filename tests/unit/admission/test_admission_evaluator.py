@@ -70,11 +70,21 @@ class FakeAccessor:
         #: When set, ``get_quotas`` waits for it (to hold a pass open).
         self.gate: asyncio.Event | None = None
         self.get_error: Exception | None = None
+        #: With ``lagging_cache``, ``get_quotas`` reads this copy of the store instead: it sees
+        #: only our own writes and what ``refresh`` fetched, not ``before_write``'s (an informer
+        #: that has not delivered another replica's write yet).
+        self.lagging_cache: dict[tuple[str, str], Obj] | None = None
+        #: Names of the quotas ``refresh`` was asked for, in order.
+        self.refreshed: list[str] = []
 
     def put(self, q: Obj) -> None:
         q = copy.deepcopy(q)
         q["metadata"].setdefault("resourceVersion", "")
         self.store[(q["metadata"]["namespace"], q["metadata"]["name"])] = q
+
+    def lag(self) -> None:
+        """From now on reads come from a cache that misses other writers' writes."""
+        self.lagging_cache = copy.deepcopy(self.store)
 
     def used(self, name: str, namespace: str = "test") -> dict[str, str]:
         return dict(self.store[(namespace, name)]["status"].get("used", {}))
@@ -86,7 +96,15 @@ class FakeAccessor:
             await self.gate.wait()
         if self.get_error is not None:
             raise self.get_error
-        return [copy.deepcopy(q) for (ns, _), q in self.store.items() if ns == namespace]
+        source = self.store if self.lagging_cache is None else self.lagging_cache
+        return [copy.deepcopy(q) for (ns, _), q in source.items() if ns == namespace]
+
+    async def refresh(self, quota: Any) -> None:
+        self.refreshed.append(quota["metadata"]["name"])
+        await asyncio.sleep(0)
+        key = (quota["metadata"]["namespace"], quota["metadata"]["name"])
+        if self.lagging_cache is not None and key in self.store:
+            self.lagging_cache[key] = copy.deepcopy(self.store[key])
 
     async def update_quota_status(self, quota: Any) -> Obj:
         self.write_attempts += 1
@@ -107,6 +125,8 @@ class FakeAccessor:
             int(stored["metadata"]["resourceVersion"] or 0) + 1
         )
         self.store[key] = new
+        if self.lagging_cache is not None:
+            self.lagging_cache[key] = copy.deepcopy(new)
         self.writes.append(copy.deepcopy(new))
         return new
 
@@ -798,11 +818,12 @@ async def test_conflict_then_retry_refuses_when_fresh_usage_is_full(
     assert {"pods": "5"} == accessor.used("quota")
 
 
-async def test_conflicts_on_every_attempt_give_409_after_four_writes(
+async def test_conflicts_on_every_attempt_give_409_after_eleven_writes(
     running: list[QuotaEvaluator],
 ) -> None:
-    # checkAttributes → checkQuotas(quotas, waiters, 3): one attempt and 3 retries; then the
-    # last error (the API server's 409 text) for every pending request.
+    # A lost compare-and-swap is retried CONFLICT_RETRIES (10) times, each against the quota
+    # read from the API (upstream: 3, against its informer); then the last error (the API
+    # server's 409 text) for every pending request.
     accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "3"})])
     accessor.before_write = bump
     metrics = CountingAdmissionMetrics()
@@ -814,9 +835,76 @@ async def test_conflicts_on_every_attempt_give_409_after_four_writes(
         'Operation cannot be fulfilled on resourcequotas "quota": the object has been modified; '
         "please apply your changes to the latest version and try again"
     ) == denied.message
-    assert (4, 4, 3) == (accessor.write_attempts, metrics.conflicts, metrics.retries)
+    assert (11, 11, 10) == (accessor.write_attempts, metrics.conflicts, metrics.retries)
+    assert ["quota"] * 10 == accessor.refreshed
     assert {"pods": "3"} == accessor.used("quota")
     assert ("pods", "conflict") in metrics.requests
+
+
+async def test_conflict_retry_judges_the_copy_that_won_not_the_lagging_cache(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Another replica charged the quota (3 → 4) and the cache has not seen it: a retry against
+    # the cache would carry its old resourceVersion and lose every time (409 after all
+    # retries). The retry reads the stored copy and charges on top of the other charge.
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "3"})])
+    accessor.lag()
+    writes = iter([lambda q: bump(q, {"pods": "4"})])
+    accessor.before_write = lambda q: next(writes, lambda _: None)(q)
+    running.append(evaluator := handler(accessor))
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert {"pods": "5"} == accessor.used("quota")
+    assert (2, ["quota"]) == (accessor.write_attempts, accessor.refreshed)
+
+
+async def test_conflict_retry_refuses_with_quota_words_when_the_winner_filled_it(
+    running: list[QuotaEvaluator],
+) -> None:
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "4"})])
+    accessor.lag()
+    writes = iter([lambda q: bump(q, {"pods": "5"})])
+    accessor.before_write = lambda q: next(writes, lambda _: None)(q)
+    running.append(evaluator := handler(accessor))
+    denied = await validate(evaluator, create(pod("p")))
+    assert denied is not None
+    assert (403, "exceeded quota: quota, requested: pods=1, used: pods=5, limited: pods=5") == (
+        denied.code,
+        denied.message,
+    )
+    assert {"pods": "5"} == accessor.used("quota")
+
+
+async def test_a_failed_refresh_retries_against_the_cache(
+    running: list[QuotaEvaluator],
+) -> None:
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "3"})])
+    writes = iter([bump])
+    accessor.before_write = lambda q: next(writes, lambda _: None)(q)
+
+    async def broken(quota: Any) -> None:
+        raise RuntimeError("connection reset")
+
+    accessor.refresh = broken  # type: ignore[method-assign]
+    running.append(evaluator := handler(accessor))
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert {"pods": "4"} == accessor.used("quota")
+
+
+async def test_other_failures_keep_upstreams_three_retries_beside_conflicts(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Conflicts have their own budget; any other failure still ends the pass after 3 retries.
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "3"})])
+    accessor.fail_writes = [
+        Conflict("lost"), RuntimeError("a"), Conflict("lost"), RuntimeError("b"),
+        RuntimeError("c"), RuntimeError("d"),
+    ]  # fmt: skip
+    running.append(evaluator := handler(accessor))
+    denied = await validate(evaluator, create(pod("p")))
+    assert denied is not None
+    assert (500, "d") == (denied.code, denied.message)
+    assert 6 == accessor.write_attempts
+    assert {"pods": "3"} == accessor.used("quota")
 
 
 async def test_quota_deleted_during_retry_is_skipped(running: list[QuotaEvaluator]) -> None:
