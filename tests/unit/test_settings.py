@@ -32,6 +32,9 @@ def test_environment_overrides() -> None:
         # The built-in quota probe's namespace: it ends up in a URL path.
         pytest.param({"TALLY_NAMESPACE": "a/b"}, "TALLY_NAMESPACE='a/b'", id="bad-own-namespace"),
         pytest.param(
+            {"TALLY_WEBHOOK_URL_PORT": "0"}, "TALLY_WEBHOOK_URL_PORT='0'", id="url-port-zero"
+        ),
+        pytest.param(
             {"TALLY_ALLOW_BUILTIN_QUOTA": "maybe"},
             "TALLY_ALLOW_BUILTIN_QUOTA='maybe'",
             id="allow-not-a-boolean",

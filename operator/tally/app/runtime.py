@@ -394,7 +394,7 @@ class Runtime:
             self.registrar = WebhookRegistrar(
                 self.api,
                 name=settings.webhook_config_name,
-                url=f"https://{host}:{settings.webhook_port}",
+                url=f"https://{host}:{settings.webhook_url_port or settings.webhook_port}",
                 service=settings.webhook_service_ref,
                 tls_name=host,
                 ca_pem=self.tls.ca_bundle,

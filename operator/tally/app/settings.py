@@ -83,6 +83,10 @@ class Settings(BaseModel):
     webhook_host: str = ""
     """``TALLY_WEBHOOK_HOST``: the host the API server dials (URL and certificate SAN);
     default: the listening address."""
+    webhook_url_port: int | None = Field(default=None, ge=1, le=65535)
+    """``TALLY_WEBHOOK_URL_PORT``: the port in the URL the API server dials, when what it
+    reaches is not tally itself but something in front of the replicas (a load balancer, a
+    node port) listening elsewhere; default: ``TALLY_WEBHOOK_PORT``."""
     webhook_service: str = ""
     """``TALLY_WEBHOOK_SERVICE``: ``<namespace>/<name>[:<port>]`` of the Service in front of the
     webhook server (port 443 by default). Set in a cluster: the webhook configuration then names
