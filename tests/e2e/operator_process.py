@@ -108,6 +108,16 @@ class TallyProcess:
 
     # -- observing
 
+    def metric_sum(self, name: str) -> float:
+        """The sum of every sample of ``name`` (all label sets) on the process's /metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith((name + "{", name + " "))
+        )
+
     def log_text(self, tail: int = 60) -> str:
         try:
             lines = self.log.read_text(errors="replace").splitlines()

@@ -193,6 +193,74 @@ def test_reference_mode_enforces_cluster_quotas_only(
         reference_plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
 
 
+def test_reference_mode_refuses_what_a_resource_quota_will_refuse_before_charging(
+    reference_plane: ControlPlane, tmp_path: Path
+) -> None:
+    # Upstream's ResourceQuota plugin runs after the validating webhooks: a create it refuses
+    # would already be charged to the ClusterQuota. tally judges the namespace's
+    # ResourceQuotas first (upstream's status.used, tally's evaluators; never written) and
+    # refuses in upstream's words, so nothing is charged that must be given back.
+    reference_plane.kubectl("apply", "-f", str(CRD))
+    reference_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
+    )
+    tally = _tally(reference_plane, tmp_path / "tally.log")
+    namespace = f"e2e-builtin-{uuid.uuid4().hex[:6]}"
+    team = f"builtin-{uuid.uuid4().hex[:6]}"
+    try:
+        _cluster_quotas_only(tally)
+        reference_plane.kubectl("create", "namespace", namespace)
+        reference_plane.kubectl("label", "namespace", namespace, f"team={team}")
+        reference_plane.kubectl("create", "quota", "q", "-n", namespace, "--hard=pods=1")
+        reference_plane.kubectl(
+            "apply", "-f", "-",
+            input=json.dumps({
+                "apiVersion": "tally.dev/v1alpha1", "kind": "ClusterQuota",
+                "metadata": {"name": team},
+                "spec": {"namespaceSelector": {"matchLabels": {"team": team}},
+                         "quota": {"hard": {"pods": "10"}}},
+            }),
+        )  # fmt: skip
+        _until(lambda: _cq_used(reference_plane, team) == {"pods": "0"}, "the first status")
+        _until(lambda: _quota_used(reference_plane, namespace) == {"pods": "0"}, "upstream's")
+        _until(lambda: _service_account(reference_plane, namespace), "the default SA")
+        reference_plane.kubectl("run", "a", "-n", namespace, "--image=registry.example/a:1")
+        _until(lambda: _cq_used(reference_plane, team) == {"pods": "1"}, "a charged")
+        _until(lambda: _quota_used(reference_plane, namespace) == {"pods": "1"}, "a counted")
+        before = _cq_version(reference_plane, team)
+        refused = reference_plane.kubectl(
+            "run", "b", "-n", namespace, "--image=registry.example/a:1", check=False
+        )
+        assert refused.returncode != 0
+        assert (
+            'admission webhook "quota.tally.dev" denied the request: exceeded quota: q, '
+            "requested: pods=1, used: pods=1, limited: pods=1"
+        ) in refused.stderr
+        # Nothing was charged, so nothing is given back: the ClusterQuota is not written.
+        time.sleep(1.0)
+        assert before == _cq_version(reference_plane, team)
+        assert 0.0 == tally.metric_sum("tally_admission_charges_released_total")
+    finally:
+        tally.kill()
+        reference_plane.kubectl(
+            "delete", tally.webhook_configuration, "--ignore-not-found", check=False
+        )
+        reference_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        reference_plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
+
+
+def _quota_used(plane: ControlPlane, namespace: str) -> dict[str, str]:
+    answer = plane.kubectl("get", "quota", "q", "-n", namespace, "-o", "json", check=False)
+    if answer.returncode != 0:
+        return {}
+    return dict((json.loads(answer.stdout).get("status") or {}).get("used") or {})
+
+
+def _cq_version(plane: ControlPlane, name: str) -> str:
+    answer = plane.kubectl("get", "clusterquota", name, "-o", "json")
+    return str(json.loads(answer.stdout)["metadata"]["resourceVersion"])
+
+
 def _quota_rules(plane: ControlPlane, tally: TallyProcess) -> list[dict[str, object]]:
     config = json.loads(plane.kubectl("get", tally.webhook_configuration, "-o", "json").stdout)
     (quota,) = [w for w in config["webhooks"] if w["name"] == "quota.tally.dev"]

@@ -476,17 +476,6 @@ async def decided_behind(plane: ControlPlane, pair: Pair, balancer: RoundRobinBa
     )
 
 
-def metric_sum(process: TallyProcess, name: str) -> float:
-    """The sum of every sample of ``name`` in the process's /metrics."""
-    with urllib.request.urlopen(process.metrics_url, timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith((name + "{", name + " "))
-    )
-
-
 async def burst(
     api: client.ApiClient, spread: list[str], count: int
 ) -> tuple[int, list[tuple[int, str]]]:
@@ -577,8 +566,8 @@ async def test_behind_a_balancer_every_create_gets_a_decision_and_none_over_admi
                 )
         # Both replicas answered reviews (the balancer spread the connections), and their
         # writes did race: what was retried is counted.
-        answered = [metric_sum(p, "tally_admission_requests_total") for p in pair.both]
-        conflicts = [metric_sum(p, "tally_admission_write_conflicts_total") for p in pair.both]
+        answered = [p.metric_sum("tally_admission_requests_total") for p in pair.both]
+        conflicts = [p.metric_sum("tally_admission_write_conflicts_total") for p in pair.both]
         print(f"connections per replica: {dict(balancer.connections)}; reviews answered: "
               f"{answered}; lost compare-and-swaps retried: {conflicts}")  # fmt: skip
         assert all(count > 0 for count in answered), answered

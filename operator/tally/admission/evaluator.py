@@ -290,6 +290,10 @@ class QuotaEvaluator:
         self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
         self._charges = charges
         self._lane_of: Callable[[str], str] = lane_of or (lambda namespace: namespace)
+        self.charges_resource_quotas = True
+        """False where the cluster's own quota system enforces ResourceQuotas (it runs after
+        this webhook): they are then judged, with upstream's checks and words, and never
+        written. A request they will refuse is refused before any ClusterQuota is charged."""
 
         #: Namespaces with waiters to check. The queue never hands one namespace to two
         #: workers at once, and collapses repeated adds of a namespace into one pass.
@@ -583,15 +587,17 @@ class QuotaEvaluator:
             for index, verdict in batch.decisions.items():
                 waiters[index].resolve(verdict)
             pending = batch.pending
-            # Phase 2.
-            if not batch.changed:
-                for index in pending:  # empty: a pending waiter changed some quota
+            # Phase 2. Quotas judged only (the cluster's own quota system charges them) are
+            # never written: a request that changed nothing else is allowed now.
+            writes = [i for i in batch.changed if not self._judged_only(batch.quotas[i])]
+            if not writes:
+                for index in pending:
                     waiters[index].resolve(None)
                 return
             # Phase 3. The ledger holds the charges from before the writes: a recalculation
             # running while they are in flight, or before this pass ends, must not erase them.
             self._hold_charges(batch, waiters, charges)
-            failed, lost, last_error = await self._write(batch, waiters)
+            failed, lost, last_error = await self._write(batch, writes, waiters)
             if self._charges is not None:
                 for index in pending:
                     for quota_index in batch.charges[index]:
@@ -648,9 +654,12 @@ class QuotaEvaluator:
             amounts = {
                 quota_key(_namespace(waiters[index]), batch.quotas[quota_index]): amount
                 for quota_index, amount in batch.charges[index].items()
+                if not self._judged_only(batch.quotas[quota_index])
             }
             charge = charges.get(index)
             if charge is None:
+                if not amounts:
+                    continue  # it charged only quotas tally does not write
                 charges[index] = self._charges.record(*_charged_object(waiters[index]), amounts)
             else:
                 for key, amount in amounts.items():
@@ -683,6 +692,9 @@ class QuotaEvaluator:
                 shares[namespace] = resources.add(shares.get(namespace, {}), amount)
         return await self._accessor.update_quota_status(quota, charged_by_namespace=shares)
 
+    def _judged_only(self, quota: Quota) -> bool:
+        return not self.charges_resource_quotas and quota.get("kind") != "ClusterQuota"
+
     @staticmethod
     def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:
         for index in indexes:
@@ -709,11 +721,11 @@ class QuotaEvaluator:
                 raise outcome
 
     async def _write(
-        self, batch: BatchResult, waiters: Sequence[_Waiter]
+        self, batch: BatchResult, changed: Sequence[int], waiters: Sequence[_Waiter]
     ) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]], AdmissionDenied | None]:
-        """Write the changed quotas at once; the identities of those that failed, of those
-        among them that lost their compare-and-swap, and the last failure."""
-        quotas, changed = batch.quotas, batch.changed
+        """Write the quotas ``changed`` indexes at once; the identities of those that failed,
+        of those among them that lost their compare-and-swap, and the last failure."""
+        quotas = batch.quotas
         results = await asyncio.gather(
             *(self._update(index, batch, waiters) for index in changed),
             return_exceptions=True,

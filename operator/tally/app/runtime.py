@@ -565,7 +565,7 @@ class Runtime:
         decision = builtin_quota.decide(result, allowed=self.settings.allow_builtin_quota)
         if decision.action is builtin_quota.Action.CLUSTER_QUOTAS_ONLY:
             self.enforces_resource_quotas = False
-            self.accessor.resource_quotas = False
+            self.admission.charges_resource_quotas = False
         self.metrics.enforcing(resource_quotas=self.enforces_resource_quotas)
         if decision.action is builtin_quota.Action.WARN:
             logger.warning("%s", decision.message)

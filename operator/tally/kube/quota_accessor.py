@@ -90,8 +90,6 @@ class KubeQuotaAccessor:
         self._api = api
         self.cluster_quotas = cluster_quotas
         """ClusterQuotas are judged beside the namespace's ResourceQuotas (None: none are)."""
-        self.resource_quotas = True
-        """Whether admission judges ResourceQuotas (False: the built-in quota system does)."""
         self._updated = UpdatedQuotas()
         self._charges = charges
         # Telling our own status writes from other replicas' on the quota watch. A write's
@@ -113,13 +111,9 @@ class KubeQuotaAccessor:
         No I/O: a namespace without quotas costs a dictionary lookup. The views of the
         ClusterQuotas selecting the namespace follow, by name.
         """
-        quotas = (
-            sorted(
-                (self._updated.check_cache(q) for q in self._quotas.in_namespace(namespace)),
-                key=_key,
-            )
-            if self.resource_quotas
-            else []
+        quotas = sorted(
+            (self._updated.check_cache(q) for q in self._quotas.in_namespace(namespace)),
+            key=_key,
         )
         if self.cluster_quotas is not None:
             quotas.extend(self.cluster_quotas.views(namespace))

@@ -106,7 +106,7 @@ class FakeAccessor:
         if self.lagging_cache is not None and key in self.store:
             self.lagging_cache[key] = copy.deepcopy(self.store[key])
 
-    async def update_quota_status(self, quota: Any) -> Obj:
+    async def update_quota_status(self, quota: Any, **_: Any) -> Obj:
         self.write_attempts += 1
         await asyncio.sleep(0)
         if self.fail_writes:
@@ -990,6 +990,105 @@ async def test_retry_keeps_refusals_final(running: list[QuotaEvaluator]) -> None
     assert {"pods": "1"} == accessor.used("all")
     assert {"pods": "1"} == accessor.used("besteffort")
     assert ([2], 1) == (metrics.batch_sizes, metrics.retries)  # one pass, one retry
+
+
+# -- where the cluster's own quota system enforces ResourceQuotas: judged, never written --
+
+
+def cluster_quota_view(name: str, hard: dict[str, str], used: dict[str, str]) -> Obj:
+    """A ClusterQuota as admission sees it (``tally.clusterquota.quota.as_resource_quota``)."""
+    return {**resource_quota(name, hard, used), "kind": "ClusterQuota", "spec": {"hard": hard}}
+
+
+def judging_only(accessor: FakeAccessor, running: list[QuotaEvaluator]) -> QuotaEvaluator:
+    evaluator = handler(accessor)
+    evaluator.charges_resource_quotas = False
+    running.append(evaluator)
+    return evaluator
+
+
+async def test_a_full_resource_quota_refuses_before_the_cluster_quota_is_charged(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Upstream's plugin would refuse it after this webhook: refusing it first, in upstream's
+    # words, leaves no charge on the ClusterQuota to release later.
+    accessor = FakeAccessor(
+        [
+            resource_quota("rq", {"pods": "2"}, {"pods": "2"}),
+            cluster_quota_view("cq", {"pods": "10"}, {"pods": "0"}),
+        ]
+    )
+    evaluator = judging_only(accessor, running)
+    denied = await validate(evaluator, create(pod("p")))
+    assert denied is not None
+    assert (403, "exceeded quota: rq, requested: pods=1, used: pods=2, limited: pods=2") == (
+        denied.code,
+        denied.message,
+    )
+    assert ([], 0) == (accessor.writes, accessor.write_attempts)
+
+
+async def test_a_resource_quota_with_room_is_judged_but_only_the_cluster_quota_written(
+    running: list[QuotaEvaluator],
+) -> None:
+    accessor = FakeAccessor(
+        [
+            resource_quota("rq", {"pods": "2"}, {"pods": "1"}),
+            cluster_quota_view("cq", {"pods": "10"}, {"pods": "4"}),
+        ]
+    )
+    evaluator = judging_only(accessor, running)
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert ["cq"] == [w["metadata"]["name"] for w in accessor.writes]
+    assert {"pods": "5"} == accessor.used("cq")
+    assert {"pods": "1"} == accessor.used("rq")  # upstream's plugin charges it
+
+
+async def test_a_request_charging_only_judged_quotas_is_allowed_without_a_write(
+    running: list[QuotaEvaluator],
+) -> None:
+    accessor = FakeAccessor([resource_quota("rq", {"pods": "2"}, {"pods": "1"})])
+    evaluator = judging_only(accessor, running)
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert 0 == accessor.write_attempts
+
+
+async def test_one_pass_judges_a_burst_against_the_running_total_of_a_judged_quota(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Three creates in one pass against one free pod in the ResourceQuota: the first is
+    # admitted (and charged to the ClusterQuota only), the others see it in the running total.
+    accessor = FakeAccessor(
+        [
+            resource_quota("rq", {"pods": "2"}, {"pods": "1"}),
+            cluster_quota_view("cq", {"pods": "10"}, {"pods": "0"}),
+        ]
+    )
+    accessor.gate = asyncio.Event()
+    evaluator = judging_only(accessor, running)
+    tasks = [asyncio.create_task(validate(evaluator, create(pod(f"p{i}")))) for i in range(3)]
+    await asyncio.sleep(0.01)
+    accessor.gate.set()
+    verdicts = [await task for task in tasks]
+    assert verdicts[0] is None
+    assert ["exceeded quota: rq, requested: pods=1, used: pods=2, limited: pods=2"] * 2 == [
+        v.message for v in verdicts[1:] if v is not None
+    ]
+    assert {"pods": "1"} == accessor.used("cq")
+    assert ["cq"] == [w["metadata"]["name"] for w in accessor.writes]
+
+
+async def test_by_default_resource_quotas_are_charged(running: list[QuotaEvaluator]) -> None:
+    accessor = FakeAccessor(
+        [
+            resource_quota("rq", {"pods": "2"}, {"pods": "1"}),
+            cluster_quota_view("cq", {"pods": "10"}, {"pods": "4"}),
+        ]
+    )
+    running.append(evaluator := handler(accessor))
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert ["cq", "rq"] == sorted(w["metadata"]["name"] for w in accessor.writes)
+    assert ({"pods": "2"}, {"pods": "5"}) == (accessor.used("rq"), accessor.used("cq"))
 
 
 # -- batching and timeouts --
