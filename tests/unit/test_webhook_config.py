@@ -12,6 +12,7 @@ import pytest
 
 from tally.app.settings import Settings, SettingsError
 from tally.evaluators.base import GroupResource
+from tally.evaluators.podsets import PODSETS, PodSetEvaluator
 from tally.evaluators.registry import new_registry
 from tally.webhook import certs
 from tally.webhook.configuration import (
@@ -367,3 +368,45 @@ def test_cluster_quotas_only_rules_cover_just_what_quotas_name() -> None:
     assert {GroupResource("", "pods"), GroupResource("", "configmaps")} == named
     (rule,) = webhook_rules(named, core_always=False)
     assert ["configmaps", "pods", "pods/resize"] == rule["resources"]
+
+
+def test_podset_measures_call_for_podsets_and_their_scale() -> None:
+    # kubectl scale writes podsets/scale: without a rule for it, a scale past a PodSet
+    # measure's limit would never reach admission.
+    registry = new_registry()
+    registry.register(PodSetEvaluator())
+    evaluators = registry.list()
+    named = count_resources(
+        [{"spec": {"hard": {"podsets.tally.dev/requests.cpu": "4"}}}],
+        evaluators,
+        core_always=False,
+    )
+    assert {PODSETS} == named
+    registrar = WebhookRegistrar(
+        cast(Any, None),
+        name="tally.dev",
+        url="https://127.0.0.1:9443",
+        ca_pem=b"CA",
+        listen=("127.0.0.1", 9443),
+        quotas=list,
+        evaluators=registry.list,
+        failure_policy="Fail",
+        exempt_namespaces=["kube-system"],
+        core_always=False,
+    )
+    (quota_webhook,) = [
+        w for w in registrar.body(named)["webhooks"] if w["name"] == "quota.tally.dev"
+    ]
+    assert [
+        {
+            "apiGroups": ["tally.dev"],
+            "apiVersions": ["*"],
+            "resources": ["podsets", "podsets/scale"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ] == quota_webhook["rules"]
+    # Kinds without charged subresources get none.
+    assert ["configmaps"] == webhook_rules(
+        {GroupResource("", "configmaps")}, core_always=False, subresources={PODSETS: ("scale",)}
+    )[0]["resources"]

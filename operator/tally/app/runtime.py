@@ -30,6 +30,7 @@ other replica takes over at its next attempt rather than after the lease duratio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -42,6 +43,7 @@ from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
+from tally.admission.errors import internal_error
 from tally.admission.evaluator import QuotaEvaluator
 from tally.app.metrics import Metrics
 from tally.app.settings import Settings
@@ -52,7 +54,7 @@ from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
 from tally.evaluators.base import GroupResource, object_count_resource_name
-from tally.evaluators.generic import ObjectCountEvaluator
+from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
@@ -134,8 +136,9 @@ class Runtime:
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
         self.metrics.leading(self.identity, False)
-        # count/podsets.tally.dev works like any object count (and admission charges it).
-        self.registry.register(ObjectCountEvaluator(PODSETS))
+        # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
+        # charges creates, spec growth and scale writes.
+        self.registry.register(PodSetEvaluator())
         self.informers: dict[GroupResource, Informer[Any]] = {}
         self.informers[CLUSTER_QUOTAS] = Informer(
             str(CLUSTER_QUOTAS), Store(_keep_whole, name=str(CLUSTER_QUOTAS)),
@@ -649,7 +652,36 @@ class Runtime:
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
+        if attributes.group_resource == PODSETS and attributes.subresource == SCALE:
+            scaled_podset = await self._as_scaled_podset(attributes)
+            if scaled_podset is None:
+                return  # no such PodSet: nothing to charge, the API server answers 404
+            attributes = scaled_podset
         await self.admission.evaluate(attributes)
+
+    async def _as_scaled_podset(self, attributes: Attributes) -> Attributes | None:
+        """A write of a PodSet's ``scale`` carries a Scale (replicas only): judge the PodSet
+        as it is before and will be after it. The PodSet comes from the cache, or from the
+        API when the cache does not have it yet."""
+        if attributes.obj is None or attributes.old_obj is None:
+            return attributes
+        podset = self.informers[PODSETS].store.get(attributes.namespace, attributes.name)
+        if podset is None:
+            path = rest.collection_path(
+                podset_client.GROUP, podset_client.VERSION, podset_client.PLURAL,
+                attributes.namespace,
+            ) + f"/{attributes.name}"  # fmt: skip
+            try:
+                podset = await rest.get_json(self.api, path)
+            except client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise internal_error(f"reading the PodSet to scale: {error.reason}") from error
+        return dataclasses.replace(
+            attributes,
+            obj=scaled(podset, attributes.obj),
+            old_obj=scaled(podset, attributes.old_obj),
+        )
 
 
 def _load_admission_config(path: str) -> Configuration | None:

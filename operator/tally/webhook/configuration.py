@@ -141,10 +141,15 @@ def count_resources(
 
 
 def webhook_rules(
-    extra: Iterable[GroupResource], *, core_always: bool = True
+    extra: Iterable[GroupResource],
+    *,
+    core_always: bool = True,
+    subresources: Mapping[GroupResource, Iterable[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Admission rules: the core kinds (all of them, or with ``core_always=False`` only those
-    in ``extra``), then one rule per API group of ``extra``."""
+    in ``extra``), then one rule per API group of ``extra``; each kind of ``extra`` with the
+    ``subresources`` whose writes its evaluator charges (``podsets/scale``)."""
+    subresources = subresources or {}
     operations = ["CREATE", "UPDATE"]
     extra = list(extra)
     core = (set(CORE_RESOURCES) if core_always else set()) | {
@@ -166,7 +171,9 @@ def webhook_rules(
     by_group: dict[str, set[str]] = {}
     for gr in extra:
         if gr.group:
-            by_group.setdefault(gr.group, set()).add(gr.resource)
+            by_group.setdefault(gr.group, set()).update(
+                [gr.resource, *(f"{gr.resource}/{sub}" for sub in subresources.get(gr, ()))]
+            )
     for group in sorted(by_group):
         rules.append(
             {

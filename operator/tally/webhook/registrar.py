@@ -115,7 +115,9 @@ class WebhookRegistrar:
             name=self.name,
             url=self._url,
             ca_bundle=base64.b64encode(self._ca_pem).decode("ascii"),
-            rules=webhook_rules(extra, core_always=self.core_always),
+            rules=webhook_rules(
+                extra, core_always=self.core_always, subresources=self._subresources()
+            ),
             failure_policy=self._failure_policy,
             exempt_namespaces=self._exempt,
             service=self._service,
@@ -201,6 +203,13 @@ class WebhookRegistrar:
         now = self._clock()
         covered = (CHARGED_CORE_KINDS if self.core_always else frozenset()) | extra
         self._charged_since = {gr: self._charged_since.get(gr, now) for gr in covered}
+
+    def _subresources(self) -> dict[GroupResource, tuple[str, ...]]:
+        """Subresources whose writes change what an evaluator measures (a PodSet's ``scale``)."""
+        return {
+            evaluator.group_resource: tuple(getattr(evaluator, "charged_subresources", ()))
+            for evaluator in self._evaluators()
+        }
 
     def _wanted(self) -> set[GroupResource]:
         return count_resources(self._quotas(), self._evaluators(), core_always=self.core_always)

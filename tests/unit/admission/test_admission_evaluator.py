@@ -38,6 +38,7 @@ from tally.admission import (
 )
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
+from tally.evaluators.podsets import PODSETS, PodSetEvaluator
 from tally.evaluators.registry import new_registry
 from tally.quota.quantity import parse_quantity
 
@@ -1089,6 +1090,44 @@ async def test_by_default_resource_quotas_are_charged(running: list[QuotaEvaluat
     assert await validate(evaluator, create(pod("p"))) is None
     assert ["cq", "rq"] == sorted(w["metadata"]["name"] for w in accessor.writes)
     assert ({"pods": "2"}, {"pods": "5"}) == (accessor.used("rq"), accessor.used("cq"))
+
+
+# -- PodSet measures: a scale is judged as the PodSet it makes --
+
+
+async def test_a_podset_scale_is_charged_by_its_growth_and_refused_past_the_limit(
+    running: list[QuotaEvaluator],
+) -> None:
+    # The webhook adapter turns a Scale into the PodSet before and after (evaluators.podsets
+    # .scaled); a template of 100m: 2 → 5 replicas grows requests.cpu by 300m, 5 → 10 by 500m.
+    name = "podsets.tally.dev/requests.cpu"
+    accessor = FakeAccessor([resource_quota("q", {name: "1"}, {name: "500m"})])
+    registry = new_registry(clock=lambda: 1_700_000_000.0)
+    registry.register(PodSetEvaluator())
+    running.append(evaluator := QuotaEvaluator(accessor, registry))
+    template = {"spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "100m"}}}]}}
+
+    def podset(replicas: int, version: str) -> Obj:
+        return {
+            "metadata": {"name": "web", "namespace": "test", "resourceVersion": version},
+            "spec": {"replicas": replicas, "template": template},
+        }
+
+    def scale(old: int, new: int) -> Attributes:
+        return Attributes(
+            "test", "web", PODSETS, "scale", "UPDATE", podset(new, "8"), podset(old, "8")
+        )
+
+    assert await validate(evaluator, scale(2, 5)) is None
+    assert {name: "800m"} == accessor.used("q")
+    denied = await validate(evaluator, scale(5, 10))
+    assert denied is not None
+    assert (
+        f"exceeded quota: q, requested: {name}=500m, used: {name}=800m, limited: {name}=1"
+        == denied.message
+    )
+    assert await validate(evaluator, scale(5, 3)) is None  # shrinking charges nothing
+    assert {name: "800m"} == accessor.used("q")
 
 
 # -- batching and timeouts --
