@@ -3,8 +3,9 @@
 The package is pure (no I/O, no Kopf, no Kubernetes client). ``base`` holds the
 :class:`Evaluator` protocol and shared helpers; ``pods``, ``services``, ``pvcs``,
 ``resourceclaims`` and ``generic`` the evaluators upstream has; ``podsets`` tally's PodSet
-measures (a PodSet's template usage times its replicas); ``registry`` the group/resource map and :func:`calculate_usage`. This module
-re-exports the names other layers use, and is the one place that imports from all of them.
+measures (a PodSet's template usage times its replicas); ``registry`` the group/resource map
+and :func:`calculate_usage`. This module re-exports the names other layers use, and is the one
+place that imports from all of them.
 """
 
 from tally.evaluators.base import (

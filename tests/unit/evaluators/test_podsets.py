@@ -66,9 +66,10 @@ def test_usage_is_the_template_times_the_replicas() -> None:
 
 def test_unset_replicas_are_one_and_zero_replicas_use_nothing_but_the_count() -> None:
     evaluator = PodSetEvaluator()
-    assert "100m" == quota.to_strings(evaluator.usage(podset(None, {"cpu": "100m"})))[
-        P + "requests.cpu"
-    ]
+    assert (
+        "100m"
+        == quota.to_strings(evaluator.usage(podset(None, {"cpu": "100m"})))[P + "requests.cpu"]
+    )
     assert {"count/podsets.tally.dev": "1", P + "pods": "0", P + "cpu": "0",
             P + "requests.cpu": "0"} == quota.to_strings(
         evaluator.usage(podset(0, {"cpu": "100m"}))
@@ -116,7 +117,7 @@ def test_handles(operation: str, subresource: str, handled: bool) -> None:
 
 @pytest.mark.parametrize("replicas", [-1, "3", 1.5, True])
 def test_malformed_replicas_are_named(replicas: Any) -> None:
-    with pytest.raises(ObjectError, match="spec.replicas"):
+    with pytest.raises(ObjectError, match=r"spec\.replicas"):
         PodSetEvaluator().usage(podset(replicas))
 
 
