@@ -136,6 +136,23 @@ def test_update_is_confirmed_only_past_the_replaced_version(
     assert confirmed != h.ledger.expects(REF)
 
 
+def test_a_confirmed_update_recalculates_its_quotas_and_a_create_does_not(h: Harness) -> None:
+    # Two tries of one update were charged (the first lost to a status write at 42 and the
+    # API server tried again against 42): the event at 42 confirms the first, which it does
+    # not contain, so its quotas are recalculated while the second try's charge stays held.
+    h.ledger.record(REF, "u1", "41", {QA: {"cpu": q("1")}})
+    h.ledger.record(REF, "u1", "42", {QA: {"cpu": q("1")}, QB: {"cpu": q("1")}})
+    h.ledger.record(OTHER_REF, "u2", "", {QB: {"cpu": q("2")}})
+    h.ledger.observed(REF, "u1", "42")
+    assert [[QA]] == h.recalculated
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    h.ledger.observed(REF, "u1", "43")
+    assert [[QA], [QA, QB]] == h.recalculated
+    h.ledger.observed(OTHER_REF, "u2", "44")
+    assert [[QA], [QA, QB]] == h.recalculated
+    assert {} == h.ledger.held(QB)
+
+
 def test_update_observed_at_replaced_version_then_at_next(h: Harness) -> None:
     h.ledger.record(REF, "u1", "41", {QA: {"cpu": q("1")}})
     h.ledger.observed(REF, "u1", "41")

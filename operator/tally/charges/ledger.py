@@ -8,7 +8,9 @@ object is seen in a cache:
   before validating webhooks run), or by any object of that kind, namespace and name when the
   review carried none;
 * an UPDATE by the object with that uid at a resourceVersion other than the one the update
-  replaced (the update was stored).
+  replaced (the update was stored, or another write won and the API server tried the update
+  again, judged and charged anew); its quotas are then recalculated, which gives back the
+  charge of a try that was never stored.
 
 A charge not confirmed ``timeout`` seconds after admission answered is *released*: it stops
 holding usage, and its quotas are recalculated at once (``recalculate``). The timeout must
@@ -296,12 +298,23 @@ class ChargeLedger:
         object is counted by the caches from this moment on.
         """
         pending = self._by_object.get(ref)
+        updated: set[QuotaKey] = set()
         if pending:
             now = self._clock()
             for seq, charge in list(pending.items()):
                 if charge.confirmed_by(uid, resource_version):
                     self._remove(seq, charge)
                     self.metrics.charge_confirmed(now - charge.at)
+                    if charge.replaces:
+                        updated.update(charge.amounts)
+        if updated:
+            # The API server judges every try of an update: one that lost its own
+            # compare-and-swap to another writer (a controller's status write) is tried again
+            # against that write, and admitted and charged again. Only the last try is stored;
+            # the event that confirms the earlier one does not contain it, so the status holds
+            # a charge nothing uses. Recalculating now (the caches, plus the charges still
+            # pending: the later try's) gives it back at once instead of at the next resync.
+            self.recalculate(updated)
         released = self._released.get(ref)
         if released:
             late = [c for c in released if c.confirmed_by(uid, resource_version)]

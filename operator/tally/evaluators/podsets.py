@@ -67,8 +67,9 @@ def _replicas(podset: Obj) -> int:
 def scaled(podset: Obj, scale: Obj) -> dict[str, Any]:
     """``podset`` as it is after a write of its ``scale`` subresource: ``scale``'s
     ``spec.replicas`` and ``metadata.resourceVersion`` (the PodSet's, which the Scale carries),
-    everything else unchanged."""
-    replicas = get_mapping(scale, "spec").get("replicas")
+    everything else unchanged. A Scale without ``spec.replicas`` means 0: autoscaling/v1
+    leaves a zero out (``omitempty``)."""
+    replicas = get_mapping(scale, "spec").get("replicas") or 0
     metadata = dict(get_mapping(podset, "metadata"))
     version = get_mapping(scale, "metadata").get("resourceVersion")
     if version:

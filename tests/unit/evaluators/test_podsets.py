@@ -137,6 +137,13 @@ def test_scaled_takes_the_scale_replicas_and_resource_version() -> None:
     assert 2 == stored["spec"]["replicas"]  # not mutated
 
 
+def test_a_scale_without_replicas_is_zero_replicas() -> None:
+    # The API server sends autoscaling/v1 Scale with omitempty: 0 replicas is {"spec": {}}.
+    after = scaled(podset(3, {"cpu": "100m"}), {"metadata": {"resourceVersion": "9"}, "spec": {}})
+    assert 0 == after["spec"]["replicas"]
+    assert "0" == quota.to_strings(PodSetEvaluator().usage(after))[P + "requests.cpu"]
+
+
 def test_replenishment_when_usage_goes_down() -> None:
     evaluator = PodSetEvaluator()
     three, five = podset(3, {"cpu": "1"}), podset(5, {"cpu": "1"})
