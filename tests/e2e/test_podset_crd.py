@@ -297,7 +297,8 @@ def demo_namespace(control_plane: ControlPlane) -> Iterator[None]:
 def test_examples_apply_cleanly(podset_crd: None, control_plane: ControlPlane) -> None:
     examples = sorted(EXAMPLES.glob("*.yaml"))
     assert [
-        "00-namespace.yaml", "10-quota.yaml", "20-podset.yaml", "30-clusterquota.yaml"
+        "00-namespace.yaml", "10-quota.yaml", "20-podset.yaml", "30-clusterquota.yaml",
+        "31-podset-measure.yaml",
     ] == [p.name for p in examples]  # fmt: skip
     # The ClusterQuota example needs its CRD (`make run` applies every CRD first).
     control_plane.kubectl("apply", "-f", str(EXAMPLES.parent / "clusterquotas.tally.dev.yaml"))
