@@ -85,6 +85,23 @@ def test_the_package_keeps_every_contract(tmp_path: Path) -> None:
             "The quota side never imports PodSet BROKEN",
             id="quota-side-imports-podset",
         ),
+        pytest.param(
+            "tally.cli.main", "import kopf",
+            "Only the wiring (tally.app) imports Kopf BROKEN",
+            id="the-kubectl-plugin-imports-kopf",
+        ),
+        pytest.param(
+            "tally.app.runtime", "import tally.cli.main",
+            "Layers: Kopf wiring on top, the pure core at the bottom, imports only go down "
+            "BROKEN",
+            id="the-operator-imports-the-kubectl-plugin",
+        ),
+        pytest.param(
+            "tally.webhook.server", "import tally.cli.render",
+            "Layers: Kopf wiring on top, the pure core at the bottom, imports only go down "
+            "BROKEN",
+            id="a-lower-layer-imports-the-kubectl-plugin",
+        ),
     ],
 )  # fmt: skip
 def test_a_forbidden_import_breaks_its_contract(
