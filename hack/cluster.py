@@ -111,19 +111,19 @@ def bin_dir(version: str | None = None) -> Path:
     Keyed by the digest too, so that two checkouts whose hack/k8s differ (a branch that bumps a
     module, a CI clone beside a working tree) never overwrite each other's binaries or stamps.
     """
-    return cache_root() / f"{version or kubernetes_version()}-{_build_inputs_digest()[:12]}"
+    return cache_root() / f"{version or kubernetes_version()}-{build_inputs_digest()[:12]}"
 
 
-def _build_inputs_digest() -> str:
-    """A digest of everything the build reads from the repository.
+def build_inputs_digest(module_dir: Path = GO_MODULE_DIR) -> str:
+    """A digest of everything a build reads from the repository's Go module ``module_dir``.
 
     Stored beside the binaries: a changed go.mod, go.sum or etcd main rebuilds even when the
     version string stays the same.
     """
     digest = hashlib.sha256()
-    for path in sorted(GO_MODULE_DIR.rglob("*")):
+    for path in sorted(module_dir.rglob("*")):
         if path.is_file() and path.suffix in {".go", ".mod", ".sum"}:
-            digest.update(path.relative_to(GO_MODULE_DIR).as_posix().encode())
+            digest.update(path.relative_to(module_dir).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -134,7 +134,7 @@ def binaries_present(version: str | None = None) -> bool:
     return (
         all(os.access(directory / name, os.X_OK) for name in BINARIES)
         and stamp.exists()
-        and stamp.read_text().strip() == _build_inputs_digest()
+        and stamp.read_text().strip() == build_inputs_digest()
     )
 
 
@@ -142,7 +142,7 @@ def _say(message: str) -> None:
     print(f"[cluster] {message}", file=sys.stderr, flush=True)
 
 
-def _go_toolchain() -> str:
+def go_toolchain() -> str:
     go = shutil.which("go")
     if go is None:
         raise ClusterError(
@@ -176,8 +176,11 @@ def _ldflags(version: str) -> str:
     )
 
 
-def _go_build(directory: Path, name: str, go_command: Sequence[str]) -> None:
-    """Run one ``go build``/``go test -c`` writing ``directory/name`` atomically.
+def go_build(
+    directory: Path, name: str, go_command: Sequence[str], *, module_dir: Path = GO_MODULE_DIR
+) -> None:
+    """Run one ``go build``/``go test -c`` in the Go module ``module_dir``, writing
+    ``directory/name`` atomically.
 
     ``go_command`` is the command up to, not including, ``-o``; the output goes to a temporary
     name renamed on success, so an interrupted build never leaves a binary that looks complete.
@@ -191,7 +194,7 @@ def _go_build(directory: Path, name: str, go_command: Sequence[str]) -> None:
     try:
         with open(log_path, "w") as log:
             result = subprocess.run(
-                command, cwd=GO_MODULE_DIR, env=_go_env(), stdout=log, stderr=subprocess.STDOUT
+                command, cwd=module_dir, env=_go_env(), stdout=log, stderr=subprocess.STDOUT
             )
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -220,7 +223,7 @@ def build(*, force: bool = False) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if binaries_present(version) and not force:
             return directory
-        go = _go_toolchain()
+        go = go_toolchain()
         targets = {
             "etcd": "./etcd",
             "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
@@ -231,13 +234,13 @@ def build(*, force: bool = False) -> Path:
         (directory / ".inputs").unlink(missing_ok=True)
         for name, package in targets.items():
             # -p 2: two packages at a time keeps peak memory near 1 GB on this machine's size.
-            _go_build(
+            go_build(
                 directory,
                 name,
                 [go, "build", "-p", "2", "-tags", "providerless", "-trimpath",
                  "-ldflags", _ldflags(version), package],
             )  # fmt: skip
-        (directory / ".inputs").write_text(_build_inputs_digest() + "\n")
+        (directory / ".inputs").write_text(build_inputs_digest() + "\n")
         return directory
 
 
@@ -259,7 +262,7 @@ def e2e_test_present(version: str | None = None) -> bool:
     return (
         all(os.access(directory / name, os.X_OK) for name in _E2E_TARGETS)
         and stamp.exists()
-        and stamp.read_text().strip() == _build_inputs_digest()
+        and stamp.read_text().strip() == build_inputs_digest()
     )
 
 
@@ -279,19 +282,19 @@ def build_e2e_test(*, force: bool = False) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if e2e_test_present(version) and not force:
             return directory
-        go = _go_toolchain()
+        go = go_toolchain()
         stamp = directory / f".inputs-{E2E_TEST}"
         stamp.unlink(missing_ok=True)
         _say(f"building upstream's {E2E_TEST} {version} and {GINKGO} into {directory}")
         for name, (verb, package) in _E2E_TARGETS.items():
             test_flags = ["-c", "-vet=off"] if verb == "test" else []
-            _go_build(
+            go_build(
                 directory,
                 name,
                 [go, verb, *test_flags, "-p", "2", "-tags", "providerless", "-trimpath",
                  "-ldflags", _ldflags(version), package],
             )  # fmt: skip
-        stamp.write_text(_build_inputs_digest() + "\n")
+        stamp.write_text(build_inputs_digest() + "\n")
         return directory
 
 
