@@ -28,7 +28,8 @@ ENV PATH=/opt/tally/bin:$PATH \
 RUN groupadd --system --gid 65532 tally \
     && useradd --system --uid 65532 --gid tally --no-create-home --shell /usr/sbin/nologin tally
 COPY --from=build /opt/tally /opt/tally
-# The entry point only; the package itself is installed in /opt/tally.
+# The entry point only; the package itself is installed in /opt/tally, with its console script
+# kubectl-tally in /opt/tally/bin, on PATH (`kubectl tally`, docs/kubectl-tally.md).
 COPY operator/main.py /app/operator/main.py
 WORKDIR /app
 USER 65532:65532
