@@ -53,7 +53,9 @@ from tally.charges import ChargeLedger, cluster_quota_of
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
+from tally.clusterquota.measures import MeasureCatalog
 from tally.evaluators.base import GroupResource, object_count_resource_name
+from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
@@ -63,6 +65,7 @@ from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
 from tally.machinery.cache import Change, ChangeKind, Store
 from tally.machinery.informers import Informer
+from tally.measures import Measure
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
 from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
@@ -139,6 +142,16 @@ class Runtime:
         # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
         # charges creates, spec growth and scale writes.
         self.registry.register(PodSetEvaluator())
+        # ClusterQuota measures: compiled once, registered as the measured kinds' evaluators.
+        # The kinds tally always watches keep compact projections, and resource claims have
+        # their own evaluator: not measurable.
+        self.measures = MeasureCatalog(
+            unmeasurable={
+                RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS, CLUSTER_QUOTAS, NAMESPACES,
+                *(e.group_resource for e in self.registry.list()),
+            }
+        )  # fmt: skip
+        self._measured: dict[GroupResource, dict[str, Measure]] = {}
         self.informers: dict[GroupResource, Informer[Any]] = {}
         self.informers[CLUSTER_QUOTAS] = Informer(
             str(CLUSTER_QUOTAS), Store(_keep_whole, name=str(CLUSTER_QUOTAS)),
@@ -323,6 +336,8 @@ class Runtime:
         self.pod_views.add_handler(self.podset_controller.on_pod)
 
     def _on_cluster_quota(self, change: Change[Any]) -> None:
+        if (change.old or {}).get("spec") != (change.new or {}).get("spec"):
+            self._refresh_measures()  # not on status writes: admission makes many
         self.cluster_controller.on_cluster_quota(change)
         self.dynamic.poke()
         if self.registrar is not None:
@@ -385,6 +400,7 @@ class Runtime:
             # binds the metrics port again.
             await self._stop_metrics()
             raise
+        self._refresh_measures()
         self.dynamic.start()
         self.charges.start()
         self.admission.start()
@@ -421,7 +437,11 @@ class Runtime:
                 {
                     QUOTA_WEBHOOK_ID: quota_review(self.admit),
                     PODSET_WEBHOOK_ID: podset_review,
-                    CLUSTER_QUOTA_WEBHOOK_ID: clusterquota_review(self.registry),
+                    CLUSTER_QUOTA_WEBHOOK_ID: clusterquota_review(
+                        self.registry,
+                        self.measures,
+                        lambda: self.informers[CLUSTER_QUOTAS].store.in_namespace(""),
+                    ),
                 },
                 addr=settings.webhook_addr,
                 port=settings.webhook_port,
@@ -575,16 +595,45 @@ class Runtime:
         else:
             logger.info("%s", decision.message)
 
+    def _refresh_measures(self) -> None:
+        """Register an evaluator for each kind ClusterQuotas measure (and remove those no
+        ClusterQuota measures any more); a kind whose measures changed is watched again."""
+        cqs = self.informers[CLUSTER_QUOTAS].store.in_namespace("")
+        wanted, conflicts = self.measures.by_kind(cqs)
+        for conflict in conflicts:
+            logger.warning("measures: %s", conflict)
+        for gr in sorted(set(self._measured) | set(wanted)):
+            measures = wanted.get(gr, {})
+            if measures == self._measured.get(gr, {}):
+                continue
+            if measures:
+                self.registry.register(MeasuredEvaluator(gr, measures.values()))
+            else:
+                self.registry.remove(gr)
+            logger.info("measures: %s now measured by %s", gr, sorted(measures) or "nothing")
+            self.dynamic.evaluator_changed(gr)
+        self._measured = wanted
+
     def _count_kind_synced(self, gr: GroupResource) -> None:
-        """A ``count/`` kind's cache is ready: recalculate the quotas that name it."""
-        name = object_count_resource_name(gr)
+        """A dynamic kind's cache is ready: recalculate the quotas that name it (by
+        ``count/``, or by a name its evaluator measures, such as a ClusterQuota measure)."""
+        evaluator = self.registry.get(gr)
+
+        def names_it(hard: object) -> bool:
+            if not isinstance(hard, Mapping):
+                return False
+            names = [str(name) for name in hard]
+            if object_count_resource_name(gr) in names:
+                return True
+            return evaluator is not None and bool(evaluator.matching_resources(names))
+
         for quota in self._all_quotas():
-            for section in ("spec", "status"):
-                if name in ((quota.get(section) or {}).get("hard") or {}):
-                    self.controller.queue.add(quota_key(quota))
-                    break
+            if any(
+                names_it((quota.get(section) or {}).get("hard")) for section in ("spec", "status")
+            ):
+                self.controller.queue.add(quota_key(quota))
         for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace(""):
-            if name in (cluster_quota.spec_quota(cq).get("hard") or {}):
+            if names_it(cluster_quota.spec_quota(cq).get("hard")):
                 self.cluster_controller.queue.add(cluster_quota.name_of(cq))
 
     def _all_quotas(self) -> list[Any]:

@@ -441,6 +441,8 @@ class DynamicKinds:
         but stay reported until a LIST succeeds."""
         self._reports = _Reports()
         self._named: frozenset[GroupResource] = frozenset()
+        self._stale: set[GroupResource] = set()
+        """Kinds to watch again with the registry's current evaluator (evaluator_changed)."""
         """The set of named resources at the last pass (a poke that leaves it alone is cheap)."""
         self._poked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -474,6 +476,13 @@ class DynamicKinds:
             died="dynamic kinds: manager died; count/ kinds are no longer discovered",
             ended="dynamic kinds: manager ended unexpectedly",
         )
+
+    def evaluator_changed(self, gr: GroupResource) -> None:
+        """The registry's evaluator for ``gr`` was replaced or removed (a ClusterQuota's
+        measures changed): its watch restarts at the next pass, so that its cache keeps what
+        the current evaluator reads and its handlers ask the current evaluator."""
+        self._stale.add(gr)
+        self.poke()
 
     def poke(self) -> None:
         """Quotas changed: re-check which resources they name (debounced, non-blocking)."""
@@ -526,6 +535,10 @@ class DynamicKinds:
             if kind.failure is not None:
                 self.problems[gr] = self._failures[gr] = kind.failure
                 await self._drop(gr)
+        # Kinds whose evaluator changed: watched again below, with the current one.
+        stale, self._stale = self._stale, set()
+        for gr in sorted(stale):
+            await self._drop(gr)
         # Kinds nobody counts any more.
         for gr in list(self._kinds):
             if gr not in wanted:
@@ -538,7 +551,7 @@ class DynamicKinds:
 
         if full:
             to_resolve = set(wanted)
-        elif changed:
+        elif changed or stale:
             to_resolve = set(wanted) - set(self._kinds) - set(self.problems)
         else:
             to_resolve = set()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
 import aiohttp.web
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
 from tally.clusterquota import quota as cluster_quota
+from tally.clusterquota.measures import MeasureCatalog
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, group_resource_for_count_name
 from tally.podset import validation
@@ -239,10 +240,16 @@ async def podset_review(review: dict[str, Any]) -> dict[str, Any]:
     return review_response(review, True)
 
 
-def clusterquota_review(registry: Registry) -> ReviewHandler:
+def clusterquota_review(
+    registry: Registry,
+    catalog: MeasureCatalog | None = None,
+    cluster_quotas: Callable[[], Iterable[Mapping[str, Any]]] = tuple,
+) -> ReviewHandler:
     """ClusterQuota validation: ResourceQuota's rules for the spec (resource names, quantities,
-    scopes) and a label selector that parses; 422, as the API server refuses an invalid object,
-    with every problem named."""
+    scopes) and a label selector that parses; measures that compile, over a kind tally can
+    measure, defined as every other ClusterQuota (``cluster_quotas``) defines the same name;
+    422, as the API server refuses an invalid object, with every problem named."""
+    catalog = catalog if catalog is not None else MeasureCatalog()
 
     async def review(review: dict[str, Any]) -> dict[str, Any]:
         request = review["request"]
@@ -250,9 +257,13 @@ def clusterquota_review(registry: Registry) -> ReviewHandler:
         if new is None:
             return review_response(review, True)
         errors = cluster_quota.validate(new)
+        # Compiling runs cel-cpp's checker (about a millisecond per measure): few measures,
+        # written rarely; not worth a thread.
+        errors.extend(catalog.problems(new, cluster_quotas()))
+        defined = {measure.name for measure in catalog.defined(new)}
         raw_hard = cluster_quota.spec_quota(new).get("hard")
         for resource in sorted(raw_hard) if isinstance(raw_hard, Mapping) else ():
-            if not _measurable(registry, str(resource)):
+            if str(resource) not in defined and not _measurable(registry, str(resource)):
                 errors.append(
                     f'spec.quota.hard[{resource}]: Unsupported value: "{resource}": not a '
                     "resource any quota evaluator measures"
