@@ -12,7 +12,7 @@ in another, 100 GB (gold) in a namespace the ClusterQuota does not select.
 * bad input: an expression that does not compile refused when the ClusterQuota is written
   (the compiler's message, nothing stored); one that fails on an object (a missing field) or
   returns text that is not a quantity refuses that object's create with the error, never
-  charging it zero; tally keeps running.
+  charging it zero, and so does one past the cost limit; tally keeps running.
 """
 
 from __future__ import annotations
@@ -242,6 +242,30 @@ async def test_an_expression_failing_on_an_object_refuses_it_and_charges_nothing
     assert 403 == status_code
     assert f"failed cluster quota: {name}: measure '{replicas}': " in message, message
     assert "no such key: replicas" in message, message
+    # One over the cost limit: a comprehension inside a comprehension over 200 items is about
+    # 2 x 200^3 steps, past the 1 000 000 a measure may cost on one object.
+    costly = f"c{ID}.example.com/pairs"
+    other = await team.cluster_quota(
+        {costly: "10"},
+        measures=[measure(costly, "object.spec.items.filter(x, object.spec.items.exists("
+                                  "y, y == x)).size()")],
+    )  # fmt: skip
+    await eventually(
+        lambda: team.status(other),
+        until=lambda s: total_used(s) == {costly: "0"},
+        within=30,
+        what="the costly measure's first status",
+    )
+    status_code, message = await refused(
+        team.custom.create_namespaced_custom_object(
+            GROUP, "v1", member, PLURAL,
+            {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "z"},
+             "spec": {"items": list(range(200)), "tier": "5", "replicas": 1}},
+        )
+    )  # fmt: skip
+    assert 403 == status_code
+    assert f"failed cluster quota: {other}: measure '{costly}': " in message, message
+    assert "cost limit exceeded" in message, message
     assert operator.process.poll() is None, operator.log_text()
     await asyncio.sleep(1.0)
     assert {replicas: "0", tier: "0"} == total_used(await team.status(name))
