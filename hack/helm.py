@@ -7,7 +7,7 @@ The chart in ``charts/tally`` is linted and rendered by a real Helm, built the w
 hash of every module the build reads, so the Go module proxy serves exactly what was pinned or
 the build fails. The binary is cached outside the repository beside the control plane's, in
 ``<cache>/helm-<version>-<digest of hack/helm>/helm`` (``<cache>`` is ``hack/cluster.py``'s
-``cache_root()``: ``~/.cache/tally/k8s`` or ``$TALLY_K8S_CACHE``), built once (~3 minutes on
+``cache_root()``: ``~/.cache/tally/k8s`` or ``$TALLY_K8S_CACHE``), built once (5-8 minutes on
 2 cores) and reused by every later run and fresh clone on the machine.
 
 A separate Go module from ``hack/k8s``: Helm requires its own versions of the Kubernetes
@@ -101,7 +101,7 @@ def build(*, force: bool = False) -> Path:
             return directory / HELM
         go = cluster.go_toolchain()
         print(
-            f"[helm] building Helm {version} into {directory} (first build: ~3 min on 2 cores)",
+            f"[helm] building Helm {version} into {directory} (first build: 5-8 min on 2 cores)",
             file=sys.stderr,
             flush=True,
         )
