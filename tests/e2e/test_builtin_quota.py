@@ -23,6 +23,7 @@ the probe quota in the API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -106,20 +107,36 @@ def _probe_took_ms(line: str) -> int:
     return int(found.group(1))
 
 
+@contextlib.contextmanager
+def _reference_tally(
+    plane: ControlPlane, tmp_path: Path
+) -> Iterator[tuple[TallyProcess, str, str]]:
+    """tally against reference mode, the ClusterQuota CRD applied, and a namespace name and a
+    team label to use (the namespace and a ClusterQuota named after the team, if made, are
+    deleted afterwards, with tally's webhook configuration)."""
+    plane.kubectl("apply", "-f", str(CRD))
+    plane.kubectl(
+        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
+    )
+    tally = _tally(plane, tmp_path / "tally.log")
+    namespace = f"e2e-builtin-{uuid.uuid4().hex[:6]}"
+    team = f"builtin-{uuid.uuid4().hex[:6]}"
+    try:
+        yield tally, namespace, team
+    finally:
+        tally.kill()
+        plane.kubectl("delete", tally.webhook_configuration, "--ignore-not-found", check=False)
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
+
+
 # -- reference mode: upstream's quota system is on
 
 
 def test_reference_mode_enforces_cluster_quotas_only(
     reference_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    reference_plane.kubectl("apply", "-f", str(CRD))
-    reference_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
-    )
-    tally = _tally(reference_plane, tmp_path / "tally.log")
-    namespace = f"e2e-builtin-{uuid.uuid4().hex[:6]}"
-    team = f"builtin-{uuid.uuid4().hex[:6]}"
-    try:
+    with _reference_tally(reference_plane, tmp_path) as (tally, namespace, team):
         line = _cluster_quotas_only(tally)
         assert PLUGIN_ON in line
         assert CONTROLLER_ON in line
@@ -184,13 +201,6 @@ def test_reference_mode_enforces_cluster_quotas_only(
         managers = {entry["manager"] for entry in quota["metadata"].get("managedFields", [])}
         assert "tally" not in managers, managers
         assert "kube-controller-manager" in managers, managers
-    finally:
-        tally.kill()
-        reference_plane.kubectl(
-            "delete", tally.webhook_configuration, "--ignore-not-found", check=False
-        )
-        reference_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        reference_plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
 
 
 def test_reference_mode_refuses_what_a_resource_quota_will_refuse_before_charging(
@@ -200,14 +210,7 @@ def test_reference_mode_refuses_what_a_resource_quota_will_refuse_before_chargin
     # would already be charged to the ClusterQuota. tally judges the namespace's
     # ResourceQuotas first (upstream's status.used, tally's evaluators; never written) and
     # refuses in upstream's words, so nothing is charged that must be given back.
-    reference_plane.kubectl("apply", "-f", str(CRD))
-    reference_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
-    )
-    tally = _tally(reference_plane, tmp_path / "tally.log")
-    namespace = f"e2e-builtin-{uuid.uuid4().hex[:6]}"
-    team = f"builtin-{uuid.uuid4().hex[:6]}"
-    try:
+    with _reference_tally(reference_plane, tmp_path) as (tally, namespace, team):
         _cluster_quotas_only(tally)
         reference_plane.kubectl("create", "namespace", namespace)
         reference_plane.kubectl("label", "namespace", namespace, f"team={team}")
@@ -240,13 +243,6 @@ def test_reference_mode_refuses_what_a_resource_quota_will_refuse_before_chargin
         time.sleep(1.0)
         assert before == _cq_version(reference_plane, team)
         assert 0.0 == tally.metric_sum("tally_admission_charges_released_total")
-    finally:
-        tally.kill()
-        reference_plane.kubectl(
-            "delete", tally.webhook_configuration, "--ignore-not-found", check=False
-        )
-        reference_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        reference_plane.kubectl("delete", "clusterquota", team, "--ignore-not-found", check=False)
 
 
 def _quota_used(plane: ControlPlane, namespace: str) -> dict[str, str]:

@@ -91,10 +91,13 @@ def measure(name: str, expression: str, when: str | None = None) -> dict[str, An
     return spec
 
 
-async def database(team: Team, namespace: str, name: str, **spec: Any) -> None:
+async def database(
+    team: Team, namespace: str, name: str, *, dry_run: bool = False, **spec: Any
+) -> None:
     body = {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": name},
             "spec": spec}  # fmt: skip
-    await team.custom.create_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, body)
+    extra = {"dry_run": "All"} if dry_run else {}
+    await team.custom.create_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, body, **extra)
 
 
 async def judged(team: Team, namespace: str) -> None:
@@ -103,11 +106,9 @@ async def judged(team: Team, namespace: str) -> None:
 
     async def attempt() -> bool:
         try:
-            await team.custom.create_namespaced_custom_object(
-                GROUP, "v1", namespace, PLURAL,
-                {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "probe"},
-                 "spec": {"storageGB": 10**6, "tier": "gold", "replicas": 10**6}},
-                dry_run="All",
+            await database(
+                team, namespace, "probe", dry_run=True,
+                storageGB=10**6, tier="gold", replicas=10**6,
             )  # fmt: skip
         except client.ApiException as error:
             return error.status == 403
@@ -151,13 +152,7 @@ async def test_sums_filters_selection_and_admission(team: Team) -> None:
     } == used_by_namespace(result)
 
     # 35 + 16 > 50: refused; the silver database is not gold, so only storage is exceeded.
-    status_code, message = await refused(
-        team.custom.create_namespaced_custom_object(
-            GROUP, "v1", second, PLURAL,
-            {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "e"},
-             "spec": {"storageGB": 16, "tier": "silver"}},
-        )
-    )  # fmt: skip
+    status_code, message = await refused(database(team, second, "e", storageGB=16, tier="silver"))
     assert 403 == status_code
     assert exceeded_cluster_quota(name, f"{STORAGE}=16", f"{STORAGE}=35", f"{STORAGE}=50") == (
         message
@@ -220,25 +215,13 @@ async def test_an_expression_failing_on_an_object_refuses_it_and_charges_nothing
         what="the first status",
     )
     await judged(team, member)
-    status_code, message = await refused(
-        team.custom.create_namespaced_custom_object(
-            GROUP, "v1", member, PLURAL,
-            {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "x"},
-             "spec": {"replicas": 2, "tier": "gold"}},
-        )
-    )  # fmt: skip
+    status_code, message = await refused(database(team, member, "x", replicas=2, tier="gold"))
     assert 403 == status_code
     assert message.startswith(
         f'admission webhook "quota.tally.dev" denied the request: failed cluster quota: {name}: '
         f"measure '{tier}': expression returned a string that is not a quantity: 'gold'"
     ), message
-    status_code, message = await refused(
-        team.custom.create_namespaced_custom_object(
-            GROUP, "v1", member, PLURAL,
-            {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "y"},
-             "spec": {"tier": "5"}},
-        )
-    )  # fmt: skip
+    status_code, message = await refused(database(team, member, "y", tier="5"))
     assert 403 == status_code
     assert f"failed cluster quota: {name}: measure '{replicas}': " in message, message
     assert "no such key: replicas" in message, message
@@ -257,12 +240,8 @@ async def test_an_expression_failing_on_an_object_refuses_it_and_charges_nothing
         what="the costly measure's first status",
     )
     status_code, message = await refused(
-        team.custom.create_namespaced_custom_object(
-            GROUP, "v1", member, PLURAL,
-            {"apiVersion": f"{GROUP}/v1", "kind": "Database", "metadata": {"name": "z"},
-             "spec": {"items": list(range(200)), "tier": "5", "replicas": 1}},
-        )
-    )  # fmt: skip
+        database(team, member, "z", items=list(range(200)), tier="5", replicas=1)
+    )
     assert 403 == status_code
     assert f"failed cluster quota: {other}: measure '{costly}': " in message, message
     assert "cost limit exceeded" in message, message
