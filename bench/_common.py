@@ -1,5 +1,6 @@
-"""Pieces shared by the benchmarks: control planes in temporary directories, API clients, raw
-JSON requests, bounded concurrency, percentiles, process memory and the machine line.
+"""Pieces shared by the benchmarks: control planes in temporary directories (one with the
+ClusterQuota CRD and tally running), API clients, raw JSON requests, bounded concurrency, closed
+loops of clients, polling, percentiles, process memory and the machine line.
 
 Importing this module puts ``hack/`` (``cluster``) and ``tests/e2e/`` (``operator_process``) on
 ``sys.path`` and re-exports both modules: the benchmarks run as plain scripts
@@ -14,10 +15,13 @@ import json
 import os
 import platform
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,7 @@ for _extra in (REPO / "hack", REPO / "tests" / "e2e"):
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
-import operator_process  # noqa: E402, F401 (re-exported for the benchmarks)
+import operator_process  # noqa: E402 (also re-exported for the benchmarks)
 
 import cluster  # noqa: E402
 
@@ -47,6 +51,39 @@ def control_plane(mode: str) -> Iterator[cluster.State]:
             yield state
     finally:
         cluster.down(directory, clean=True, quiet=True)
+
+
+def kubectl(state: cluster.State, *args: str, input: str | None = None) -> str:
+    """Run the control plane's own kubectl against it; its output. Raises on failure."""
+    return subprocess.run(
+        [str(Path(state.bin_dir) / "kubectl"), f"--kubeconfig={state.kubeconfig}", *args],
+        input=input, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+
+
+@contextlib.contextmanager
+def cluster_quota_plane() -> Iterator[tuple[cluster.State, operator_process.TallyProcess]]:
+    """An operator-mode control plane with the ClusterQuota CRD applied and tally running as a
+    subprocess (as the e2e tests run it, its webhook registered), all stopped and removed after.
+
+    If the block fails, the tail of tally's log goes to stderr first: the log lives in a
+    temporary directory that is removed with it.
+    """
+    with contextlib.ExitStack() as stack:
+        print("starting an operator-mode control plane ...", file=sys.stderr, flush=True)
+        state = stack.enter_context(control_plane("operator"))
+        kubectl(state, "apply", "-f", str(REPO / "crds" / "clusterquotas.tally.dev.yaml"))
+        log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tally.log"
+        tally = operator_process.TallyProcess(
+            Path(state.kubeconfig), log, bin_dir=Path(state.bin_dir)
+        )
+        stack.callback(tally.kill)
+        tally.start()
+        try:
+            yield state, tally
+        except BaseException:
+            print(f"--- tally's log (tail) ---\n{tally.log_text()}", file=sys.stderr)
+            raise
 
 
 async def api_client(kubeconfig: str, *, pool: int = 100) -> client.ApiClient:
@@ -173,6 +210,74 @@ async def bounded(
         print(f"  {label}: {done} in {elapsed:.1f} s ({done / elapsed:.0f}/s)", file=sys.stderr,
               flush=True)  # fmt: skip
     return elapsed
+
+
+@dataclass
+class Loop:
+    """What :func:`closed_loop` saw."""
+
+    latencies: list[float]
+    """Seconds from sending each admitted request to its answer."""
+    wall_s: float
+    refusals: list[str]
+    """``<status>: <message>`` of each request answered with an error."""
+
+    def summary(self) -> dict[str, float]:
+        """Admitted requests, their rate over the loop's wall time, p50 and p99."""
+        return {
+            "creates": len(self.latencies),
+            "throughput_per_s": len(self.latencies) / self.wall_s,
+            "p50_ms": statistics.median(self.latencies) * 1000,
+            "p99_ms": percentile(self.latencies, 0.99) * 1000,
+        }
+
+
+async def closed_loop(count: int, clients: int, send: Callable[[int], Awaitable[object]]) -> Loop:
+    """``send(0)`` … ``send(count - 1)`` from ``clients`` clients, each sending its next request
+    as soon as the previous one is answered (a closed loop: the rate is what the server
+    sustains, not what the clients offer). An ``ApiException`` is recorded as a refusal."""
+    latencies: list[float] = []
+    refusals: list[str] = []
+    issued = 0
+
+    async def one_client() -> None:
+        nonlocal issued
+        while issued < count:
+            index = issued
+            issued += 1
+            started = time.perf_counter()
+            try:
+                await send(index)
+            except client.ApiException as error:
+                try:
+                    message = json.loads(error.body or "{}").get("message", error.body)
+                except ValueError:
+                    message = error.body
+                refusals.append(f"{error.status}: {message}")
+                continue
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(clients):
+            group.create_task(one_client())
+    return Loop(latencies, time.perf_counter() - started, refusals)
+
+
+async def until(
+    raw: Raw, path: str, done: Callable[[dict[str, Any]], bool], what: str, *,
+    within: float = 120.0, interval: float = 0.05,
+) -> float:  # fmt: skip
+    """Poll ``GET path`` until ``done(answer)`` (an error answer counts as not done); the
+    seconds it took. Raises ``RuntimeError`` naming ``what`` after ``within`` seconds."""
+    started = time.monotonic()
+    while True:
+        with contextlib.suppress(client.ApiException):
+            if done(await raw.call("GET", path)):
+                return time.monotonic() - started
+        if time.monotonic() - started > within:
+            raise RuntimeError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def percentile(values: list[float], fraction: float) -> float:

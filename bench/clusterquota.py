@@ -28,29 +28,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from _common import (
     REPO,
+    Loop,
     Raw,
     api_client,
     bounded,
-    control_plane,
+    closed_loop,
+    cluster_quota_plane,
     machine,
     memory_of,
     mib,
-    operator_process,
-    percentile,
+    until,
 )
 
 LABEL = "bench.tally.dev/team"
@@ -73,34 +67,19 @@ class Run:
         self.clients = clients
         self.next = 0
 
-    async def creates(self, count: int, targets: list[str]) -> tuple[list[float], float, list[str]]:
-        """``count`` pod creates round robin over ``targets``: latencies, wall time, refusals."""
-        latencies: list[float] = []
-        refusals: list[str] = []
-        remaining = count
+    async def creates(self, count: int, targets: list[str]) -> Loop:
+        """``count`` pod creates round robin over ``targets``."""
+        first = self.next
+        self.next += count
 
-        async def one_client() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                index = self.next
-                self.next += 1
-                namespace = targets[index % len(targets)]
-                started = time.perf_counter()
-                try:
-                    await self.raw.call(
-                        "POST", f"/api/v1/namespaces/{namespace}/pods", _pod(f"p{index:06d}")
-                    )
-                except client.ApiException as error:
-                    refusals.append(f"{error.status}: {json.loads(error.body).get('message')}")
-                    continue
-                latencies.append(time.perf_counter() - started)
+        async def send(offset: int) -> None:
+            index = first + offset
+            namespace = targets[index % len(targets)]
+            await self.raw.call(
+                "POST", f"/api/v1/namespaces/{namespace}/pods", _pod(f"p{index:06d}")
+            )
 
-        started = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.clients):
-                group.create_task(one_client())
-        return latencies, time.perf_counter() - started, refusals
+        return await closed_loop(count, self.clients, send)
 
     async def pods(self) -> int:
         items = await self.raw.list_all("/api/v1/pods")
@@ -108,23 +87,7 @@ class Run:
         return sum(1 for item in items if item["metadata"]["namespace"] in mine)
 
     async def until(self, path: str, done: Any, what: str) -> float:
-        started = time.monotonic()
-        while True:
-            with contextlib.suppress(client.ApiException):
-                if done(await self.raw.call("GET", path)):
-                    return time.monotonic() - started
-            if time.monotonic() - started > WAIT_S:
-                raise RuntimeError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
-
-
-def _summary(latencies: list[float], wall: float) -> dict[str, float]:
-    return {
-        "creates": len(latencies),
-        "throughput_per_s": len(latencies) / wall,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": percentile(latencies, 0.99) * 1000,
-    }
+        return await until(self.raw, path, done, what, within=WAIT_S)
 
 
 async def measure(
@@ -171,7 +134,7 @@ async def measure(
             )
         print("measuring: ResourceQuotas ...", file=sys.stderr, flush=True)
         await run.creates(clients * 2, chosen)  # warm-up
-        rq_latencies, rq_wall, rq_refusals = await run.creates(creates, chosen)
+        rq = await run.creates(creates, chosen)
         for name in chosen:
             await raw.call("DELETE", f"/api/v1/namespaces/{name}/resourcequotas/q")
         # Phase 2: one ClusterQuota over every namespace.
@@ -200,7 +163,7 @@ async def measure(
         )
         print("measuring: ClusterQuota ...", file=sys.stderr, flush=True)
         await run.creates(clients * 2, chosen)  # warm-up
-        cq_latencies, cq_wall, cq_refusals = await run.creates(creates, chosen)
+        cq = await run.creates(creates, chosen)
         created = await run.pods()
         converged = await run.until(
             f"{CQ_PATH}/{CQ}",
@@ -222,7 +185,7 @@ async def measure(
             ),
             "the new limit in the status",
         )
-        _, _, burst_refusals = await run.creates(2 * headroom, names)
+        burst = await run.creates(2 * headroom, names)
         after = await run.pods()
         rss, _ = memory_of(tally_pid)
         return {
@@ -230,15 +193,15 @@ async def measure(
             "namespaces": namespaces,
             "targets": targets,
             "clients": clients,
-            "resourcequotas": {**_summary(rq_latencies, rq_wall), "refused": len(rq_refusals)},
-            "clusterquota": {**_summary(cq_latencies, cq_wall), "refused": len(cq_refusals)},
+            "resourcequotas": {**rq.summary(), "refused": len(rq.refusals)},
+            "clusterquota": {**cq.summary(), "refused": len(cq.refusals)},
             "convergence_s": converged,
             "burst": {
                 "headroom": headroom,
                 "admitted": after - created,
                 "over_admitted": max(0, after - created - headroom),
-                "conflicts": sum(1 for r in burst_refusals if r.startswith("409")),
-                "refused": len(burst_refusals),
+                "conflicts": sum(1 for r in burst.refusals if r.startswith("409")),
+                "refused": len(burst.refusals),
             },
             "tally_rss_bytes": rss,
         }
@@ -286,21 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, default=REPO / "bench" / "results" / "clusterquota.json"
     )
     args = parser.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        print("starting an operator-mode control plane ...", file=sys.stderr)
-        operator = stack.enter_context(control_plane("operator"))
-        kubectl = Path(operator.bin_dir) / "kubectl"
-        subprocess.run(
-            [str(kubectl), f"--kubeconfig={operator.kubeconfig}", "apply", "-f",
-             str(REPO / "crds" / "clusterquotas.tally.dev.yaml")],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tally.log"
-        tally = operator_process.TallyProcess(
-            Path(operator.kubeconfig), log, bin_dir=Path(operator.bin_dir)
-        )
-        stack.callback(tally.kill)
-        tally.start()
+    with cluster_quota_plane() as (operator, tally):
         assert tally.process is not None
         result = asyncio.run(
             measure(
