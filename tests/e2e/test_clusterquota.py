@@ -8,118 +8,28 @@ counts it); the differential test compares with upstream itself.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
+from clusterquota_e2e import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Create,
+    Team,
+    burst,
+    exceeded_cluster_quota,
+    pods_used,
+    used_by_namespace,
+    wait_for_status,
+)
 from kubernetes_asyncio import client
 
-from tally_e2e import ControlPlane, RunningOperator, eventually, wait_for_default_service_account
+from tally_e2e import eventually
 
-CRD = Path(__file__).resolve().parents[2] / "crds" / "clusterquotas.tally.dev.yaml"
-GROUP, VERSION, PLURAL = "tally.dev", "v1alpha1", "clusterquotas"
-IMAGE = "registry.example/app:1"
-
-
-@pytest.fixture(scope="module")
-def cq_crd(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
-    )
-
-
-class Team:
-    """Namespaces labelled ``team=<id>`` (and one more that is not), and the ClusterQuotas a
-    test makes; all deleted afterwards."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.id = uuid.uuid4().hex[:8]
-        self.namespaces: list[str] = []
-        self.quotas: list[str] = []
-
-    async def namespace(self, *, member: bool = True) -> str:
-        name = f"e2e-cq-{self.id}-{len(self.namespaces)}"
-        labels = {"tally.dev/e2e": "true", **({"team": self.id} if member else {})}
-        await self.core.create_namespace({"metadata": {"name": name, "labels": labels}})
-        await wait_for_default_service_account(self.api, name)
-        self.namespaces.append(name)
-        return name
-
-    async def cluster_quota(self, hard: dict[str, str], **spec: Any) -> str:
-        name = f"cq-{self.id}-{len(self.quotas)}"
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ClusterQuota",
-            "metadata": {"name": name},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"team": self.id}},
-                "quota": {"hard": hard},
-                **spec,
-            },
-        }
-        await self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-        self.quotas.append(name)
-        return name
-
-    async def merge_patch(
-        self, group: str, version: str, plural: str, name: str, body: dict[str, Any]
-    ) -> None:
-        await self.custom.patch_cluster_custom_object(
-            group, version, plural, name, body, _content_type="application/merge-patch+json"
-        )
-
-    async def status(self, name: str) -> dict[str, Any]:
-        obj = await self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-        return dict(obj.get("status") or {})
-
-    async def pod(self, namespace: str, name: str, cpu: str = "100m") -> None:
-        await self.core.create_namespaced_pod(
-            namespace,
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "containers": [
-                        {"name": "a", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}
-                    ]
-                },
-            },
-        )
-
-    async def close(self) -> None:
-        for name in self.quotas:
-            with contextlib.suppress(client.ApiException):
-                await self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-        for namespace in self.namespaces:
-            with contextlib.suppress(client.ApiException):
-                await self.core.delete_namespace(namespace)
-
-
-@pytest_asyncio.fixture
-async def team(
-    cq_crd: None, operator: RunningOperator, api: client.ApiClient
-) -> AsyncIterator[Team]:
-    created = Team(api)
-    try:
-        yield created
-    finally:
-        await created.close()
-
-
-def _used_by_namespace(status: dict[str, Any]) -> dict[str, dict[str, str]]:
-    return {
-        entry["namespace"]: dict((entry.get("status") or {}).get("used") or {})
-        for entry in status.get("namespaces") or []
-    }
+# The fixtures `cq_crd` and `team`, shared with test_clusterquota_concurrency.
+pytest_plugins = ["clusterquota_e2e"]
 
 
 async def test_usage_per_namespace_and_in_total(team: Team) -> None:
@@ -140,7 +50,7 @@ async def test_usage_per_namespace_and_in_total(team: Team) -> None:
     assert {
         first: {"pods": "2", "requests.cpu": "350m"},
         second: {"pods": "1", "requests.cpu": "100m"},
-    } == _used_by_namespace(status)
+    } == used_by_namespace(status)
     assert [first, second] == [entry["namespace"] for entry in status["namespaces"]]  # sorted
     assert 2 == status["namespaceCount"]
     assert "pods 3/10" == status["mostUsed"]  # 30 % against requests.cpu at 22.5 %
@@ -155,7 +65,7 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
 
     async def used() -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
         status = await team.status(name)
-        return (status.get("total") or {}).get("used") or {}, _used_by_namespace(status)
+        return (status.get("total") or {}).get("used") or {}, used_by_namespace(status)
 
     await eventually(used, until=lambda u: u[0] == {"pods": "3"}, within=10, what="3 pods")
     # The second namespace stops matching: it leaves the status, within seconds.
@@ -168,9 +78,6 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
     await eventually(used, until=lambda u: u[0] == {"pods": "3"}, within=10, what="it is back")
     # A hard change shows at once; a selector change too.
     await team.merge_patch(
-        GROUP,
-        VERSION,
-        PLURAL,
         name,
         {"spec": {"quota": {"hard": {"pods": "10", "count/configmaps": "5"}}}},
     )
@@ -182,9 +89,6 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
         what="the new hard name counted",
     )
     await team.merge_patch(
-        GROUP,
-        VERSION,
-        PLURAL,
         name,
         {
             "spec": {
@@ -199,9 +103,6 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
     assert [first] == list(result[1])
     # A deleted namespace leaves the status.
     await team.merge_patch(
-        GROUP,
-        VERSION,
-        PLURAL,
         name,
         {
             "spec": {
@@ -221,37 +122,16 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
 async def test_concurrent_creates_across_namespaces_never_over_admit(
     team: Team, round_: int
 ) -> None:
-    namespaces = [await team.namespace() for _ in range(10)]
+    namespaces = await team.member_namespaces(10)
     name = await team.cluster_quota({"pods": "50"})
-    await eventually(
-        lambda: team.status(name),
-        until=lambda s: (s.get("total") or {}).get("used") == {"pods": "0"},
-        within=10,
-        what="the first status",
-    )
-    refusals: list[str] = []
-
-    async def create(index: int) -> None:
-        try:
-            await team.pod(namespaces[index % 10], f"p{index}")
-        except client.ApiException as error:
-            refusals.append(json.loads(error.body)["message"])
-
-    await asyncio.gather(*(create(index) for index in range(200)))
-    counts = [len((await team.core.list_namespaced_pod(ns)).items) for ns in namespaces]
-    assert 50 == sum(counts), counts
+    await wait_for_status(team, name, {"pods": "0"}, {}, what="the first status")
+    refusals = await burst(team, [Create(namespaces[i % 10], f"p{i}") for i in range(200)])
+    counts = {ns: len(names) for ns, names in (await team.pod_names(namespaces)).items()}
+    assert 50 == sum(counts.values()), counts
     assert 150 == len(refusals)
-    expected = f"exceeded cluster quota: {name}, requested: pods=1, used: pods=50, limited: pods=50"
-    assert all(expected in message for message in refusals), set(refusals)
-    status = await eventually(
-        lambda: team.status(name),
-        until=lambda s: (s.get("total") or {}).get("used") == {"pods": "50"},
-        within=10,
-        what="the total",
-    )
-    assert {ns: {"pods": str(c)} for ns, c in zip(namespaces, counts, strict=True) if c} == {
-        ns: used for ns, used in _used_by_namespace(status).items() if used["pods"] != "0"
-    }
+    expected = exceeded_cluster_quota(name, "pods=1", "pods=50", "pods=50")
+    assert {expected} == {message for _, message in refusals}
+    await wait_for_status(team, name, {"pods": "50"}, pods_used(counts))
 
 
 @pytest.mark.parametrize(
@@ -296,6 +176,7 @@ async def test_bad_specs_are_refused_and_nothing_is_written(
              "metadata": {"name": name}, "spec": spec},
         )  # fmt: skip
     assert refused.value.status in (400, 422), refused.value.body
+    assert refused.value.body is not None
     assert message in json.loads(refused.value.body)["message"]
     with pytest.raises(client.ApiException) as missing:
         await team.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
