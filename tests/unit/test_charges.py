@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -202,19 +203,60 @@ def test_held_sums_pending_charges_per_quota(h: Harness) -> None:
     assert {} == h.ledger.held(("b", "qa"))
 
 
-def test_held_stops_counting_a_charge_at_its_deadline_before_expire(h: Harness) -> None:
+def test_held_counts_a_charge_past_its_deadline_until_it_is_released(h: Harness) -> None:
+    # A recalculation between the deadline and the timer's release must still hold it: the
+    # object may be confirmed in that window, without a recalculation of its own.
     h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})  # deadline 105
     h.advance(2)
     h.ledger.record(OTHER_REF, "u2", "", {QA: {"cpu": q("500m")}})  # deadline 107
-
-    h.advance(TIMEOUT - 2 - 0.001)  # 104.999
+    h.advance(TIMEOUT - 2)  # 105: the first charge's deadline
     assert {"cpu": q("1500m")} == h.ledger.held(QA)
-    h.advance(0.001)  # 105: the first charge's deadline
+    assert 2 == len(h.ledger)
+    h.ledger.expire()
     assert {"cpu": q("500m")} == h.ledger.held(QA)
-    assert 2 == len(h.ledger)  # nothing released yet
-    assert [] == h.recalculated
-    h.advance(2)  # 107
+
+
+# -- asking the API before releasing
+
+
+def test_an_expired_charge_is_held_while_the_api_is_asked(h: Harness) -> None:
+    asked: list[list[Any]] = []
+    h.ledger.verify = asked.append
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.ledger.hold(QB, {"cpu": q("2")})
+    h.advance(TIMEOUT)
+    # The hold (no object to ask about) is released; the charge is asked about and held.
+    assert [QB] == h.ledger.expire()
+    assert [[charge]] == asked
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert ["unconfirmed"] == h.metrics.released
+    # Stored: held on; asked again one timeout later.
+    h.ledger.verified(charge, True)
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    h.advance(TIMEOUT)
+    h.ledger.expire()
+    assert [[charge], [charge]] == asked
+    # Not stored (or gone): released at once, its quota recalculated.
+    h.ledger.verified(charge, False)
     assert {} == h.ledger.held(QA)
+    assert [[QB], [QA]] == h.recalculated
+    assert ["unconfirmed", "unconfirmed"] == h.metrics.released
+    # ... and its object, should it show up after all, is late.
+    h.ledger.observed(REF, "u1", "9")
+    assert 1 == h.metrics.late
+
+
+def test_a_charge_confirmed_while_the_api_is_asked_is_not_released(h: Harness) -> None:
+    asked: list[list[Any]] = []
+    h.ledger.verify = asked.append
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    h.ledger.expire()
+    h.ledger.observed(REF, "u1", "7")  # the caches caught up
+    h.ledger.verified(charge, False)  # an answer from before: too late to matter
+    assert [] == h.recalculated
+    assert [] == h.metrics.released
+    assert 0 == len(h.ledger)
 
 
 # -- expiry

@@ -49,7 +49,7 @@ from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import ChargeLedger, cluster_quota_of
+from tally.charges import Charge, ChargeLedger, ObjectRef, cluster_quota_of
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
@@ -112,6 +112,9 @@ CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
 OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
 """tally's custom resources and their versions: a missing CRD lists as no objects."""
 ADMISSION_TIMEOUT_S: Final = 9.5
+VERIFY_CONCURRENCY: Final = 10
+"""GETs in flight at once when charges past their deadline are checked against the API (a
+burst's charges expire together)."""
 
 
 def _keep_whole(obj: Any) -> Any:
@@ -221,6 +224,9 @@ class Runtime:
             self.cluster_quota_writer,
         )
         self.charges.recalculate = self._recalculate
+        self.charges.verify = self._verify_charges
+        self._verifying: set[asyncio.Task[None]] = set()
+        self._verify_slots = asyncio.Semaphore(VERIFY_CONCURRENCY)
         self.admission = QuotaEvaluator(
             self.accessor,
             self.registry,
@@ -363,6 +369,53 @@ class Runtime:
             self.informers[gr].store,
             creations_charged=self.creations_charged,
             charges=self.charges,
+        )
+
+    def _verify_charges(self, charges: list[Charge]) -> None:
+        """Ask the API whether the objects of charges past their deadline were stored (the
+        ledger holds them meanwhile): the caches may only be behind."""
+        for charge in charges:
+            task = asyncio.get_running_loop().create_task(self._verify_charge(charge))
+            self._verifying.add(task)
+            task.add_done_callback(self._verifying.discard)
+
+    async def _verify_charge(self, charge: Charge) -> None:
+        ref = charge.ref
+        path = self._object_path(ref) if ref is not None else None
+        if path is None:
+            self.charges.verified(charge, False)  # a kind no longer watched: nothing to hold
+            return
+        async with self._verify_slots:
+            try:
+                stored = await rest.get_json(self.api, path)
+            except client.ApiException as error:
+                if error.status == 404:
+                    self.charges.verified(charge, False)
+                    return
+                logger.warning("charges: could not read %s (%s); held on", path, error.reason)
+                return  # unknown: held on, asked again at the next deadline
+            except Exception as error:  # a connection error, a timeout
+                logger.warning("charges: could not read %s (%s); held on", path, error)
+                return
+        metadata = stored.get("metadata") or {}
+        same = not charge.uid or metadata.get("uid") == charge.uid
+        # An update's try is stored, or superseded, once the object moved past the version it
+        # replaced; the caches then confirm the charge when they reach that version.
+        moved = not charge.replaces or metadata.get("resourceVersion") != charge.replaces
+        self.charges.verified(charge, same and moved)
+
+    def _object_path(self, ref: ObjectRef) -> str | None:
+        gr = ref.group_resource
+        if not gr.group:
+            version: str | None = "v1"
+        elif gr in OWN_KINDS:
+            version = OWN_KINDS[gr]
+        else:
+            version = self.dynamic.version(gr)
+        if version is None:
+            return None
+        return rest.collection_path(gr.group, version, gr.resource, ref.namespace) + (
+            f"/{ref.name}"
         )
 
     def _recalculate(self, keys: Iterable[tuple[str, str]]) -> None:
@@ -663,6 +716,9 @@ class Runtime:
             await self.elector.stop(release=True)
         await self.admission.stop()
         self.charges.stop()
+        for task in list(self._verifying):
+            task.cancel()
+        await asyncio.gather(*self._verifying, return_exceptions=True)
         await self.dynamic.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()

@@ -13,7 +13,12 @@ object is seen in a cache:
   charge of a try that was never stored.
 
 A charge not confirmed ``timeout`` seconds after admission answered is *released*: it stops
-holding usage, and its quotas are recalculated at once (``recalculate``). The timeout must
+holding usage, and its quotas are recalculated at once (``recalculate``). With a ``verify``
+function (the operator sets one), the API is asked first whether the object was stored: if it
+was, the caches are only behind (a loaded tally sees events seconds late) and the charge is
+held on, asked about again one timeout later; only a charge whose object was never stored (or
+is gone) is released. Without that, a release during such lag would lower usage below what
+exists and admit past the limit. The timeout must
 cover the time from tally's answer to the object's watch event for every create that succeeds:
 the other validating webhooks still deciding, the write to etcd, the watch. A create that takes
 longer is counted late, which lets admission admit past the limit meanwhile; such a *late*
@@ -172,6 +177,9 @@ class ChargeLedger:
         self.metrics: ChargeMetrics = metrics if metrics is not None else NoopChargeMetrics()
         self.recalculate: Callable[[Iterable[QuotaKey]], None] = lambda _: None
         """Called with the quotas whose usage a release (or a late object) changed."""
+        self.verify: Callable[[list[Charge]], None] | None = None
+        """Asks the API whether the objects of charges past their deadline were stored, and
+        answers each with :meth:`verified`; None releases them unasked (see :meth:`expire`)."""
         self._seq = itertools.count()
         # Invariant: a charge is in _pending exactly while it is in _by_object (if it has an
         # object) and in _by_quota under each of its amounts' quotas. Every charge has the
@@ -197,13 +205,13 @@ class ChargeLedger:
         return ref in self._by_object or ref in self._released
 
     def held(self, key: QuotaKey) -> dict[str, Quantity]:
-        """What the pending charges on ``key`` add up to (charges past their deadline that
-        the timer has not released yet count no more)."""
+        """What the pending charges on ``key`` add up to: every charge until it is confirmed
+        or released (one past its deadline still counts until the timer releases it: were it
+        dropped earlier, a recalculation in between would lower usage below what the object,
+        confirmed a moment later without a recalculation, uses)."""
         total: dict[str, Quantity] = {}
-        now = self._clock()
         for charge in self._by_quota.get(key, {}).values():
-            if charge.deadline > now:
-                total = quota.add(total, charge.amounts[key])
+            total = quota.add(total, charge.amounts[key])
         return total
 
     def oldest_age(self) -> float | None:
@@ -335,16 +343,22 @@ class ChargeLedger:
         """
         now = self._clock() if now is None else now
         keys: set[QuotaKey] = set()
+        to_verify: list[Charge] = []
         while self._pending:
             seq, charge = next(iter(self._pending.items()))
             if charge.deadline > now:
                 break
             self._remove(seq, charge)
+            if self.verify is not None and charge.ref is not None:
+                # The caches may only be slow (a loaded tally sees events seconds late):
+                # releasing now would lower usage below what exists. Held one more timeout
+                # while the API is asked (re-added last: deadline order holds).
+                charge.deadline = now + self.timeout
+                self._add(charge)
+                to_verify.append(charge)
+                continue
+            self._release(charge, now)
             keys.update(charge.amounts)
-            self.metrics.charge_released(ReleaseReason.UNCONFIRMED.value)
-            if charge.ref is not None:
-                self._released.setdefault(charge.ref, []).append(charge)
-                self._released_order.append((now + self.timeout, charge.ref, charge))
         while self._released_order and self._released_order[0][0] <= now:
             _, ref, charge = self._released_order.popleft()
             remaining = [c for c in self._released.get(ref, []) if c is not charge]
@@ -354,7 +368,30 @@ class ChargeLedger:
                 self._released.pop(ref, None)
         if keys:
             self.recalculate(sorted(keys))
+        if to_verify and self.verify is not None:
+            self.verify(to_verify)
         return sorted(keys)
+
+    def _release(self, charge: Charge, now: float) -> None:
+        """``charge`` (already out of the indexes) holds nothing any more; its object, if it
+        shows up within one more timeout, is late."""
+        self.metrics.charge_released(ReleaseReason.UNCONFIRMED.value)
+        if charge.ref is not None:
+            self._released.setdefault(charge.ref, []).append(charge)
+            self._released_order.append((now + self.timeout, charge.ref, charge))
+
+    def verified(self, charge: Charge, stored: bool) -> None:
+        """The API's answer for a charge :meth:`expire` asked about: its object was stored
+        (held on, until the caches show it or the next deadline asks again), or not (released
+        now, its quotas recalculated)."""
+        if stored:
+            return
+        seq = self._seq_of(charge)
+        if seq is None:
+            return  # confirmed meanwhile
+        self._remove(seq, charge)
+        self._release(charge, self._clock())
+        self.recalculate(sorted(charge.amounts))
 
     def forget_quota(self, key: QuotaKey) -> None:
         """``key`` was deleted: drop its amounts (a charge left with none is gone)."""

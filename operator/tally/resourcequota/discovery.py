@@ -463,6 +463,11 @@ class DynamicKinds:
         kind = self._kinds.get(gr)
         return kind.reflector if kind is not None else None
 
+    def version(self, gr: GroupResource) -> str | None:
+        """The API version ``gr`` is watched at; None when it is not watched."""
+        kind = self._kinds.get(gr)
+        return kind.resource.version if kind is not None else None
+
     # -- lifecycle
 
     def start(self) -> None:
