@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 CONFORMANCE_ARGS ?=
 
-.PHONY: install binaries helm run test unit e2e conformance lint format down clean
+.PHONY: install binaries helm prometheus run test unit e2e conformance lint format down clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,16 +26,21 @@ binaries: $(INSTALLED)
 helm: $(INSTALLED)
 	$(PY) hack/helm.py build
 
+# Prometheus and promtool from Debian's package (hack/prometheus.sh), for the dashboard and
+# alert-rule tests; skipped when both are on PATH.
+prometheus:
+	hack/prometheus.sh
+
 run: binaries
 	$(PY) hack/run.py
 
-test: lint binaries helm
+test: lint binaries helm prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: $(INSTALLED)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-e2e: binaries helm
+e2e: binaries helm prometheus
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 # Upstream's ResourceQuota e2e specs (its e2e.test, built once into the cache) against tally
