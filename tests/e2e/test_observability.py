@@ -256,22 +256,21 @@ async def test_prometheus_answers_every_dashboard_query_and_alert_expression(
         what="Prometheus's first successful scrape of tally",
     )
 
-    # Traffic: PODS_HARD pods, a quota for PODS_HARD pods, and one more pod, denied. The pods
-    # come first: kube_resourcequota follows the quota controller's syncs, and a creation is
-    # charged by admission, not synced, so only pods that exist at the quota's first sync show
-    # in its used series at once.
+    # Traffic: a quota for PODS_HARD pods, PODS_HARD pods charged by admission, and one more
+    # pod, denied. kube_resourcequota follows the quota's status as written, by admission's
+    # charges too, not only the controller's syncs.
     core = client.CoreV1Api(api)
-    for i in range(PODS_HARD):
-        await core.create_namespaced_pod(namespace, pod(f"p{i}"))
     await core.create_namespaced_resource_quota(
         namespace, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(PODS_HARD)}}}
     )
     await eventually(
         lambda: _quota_used(api, namespace),
-        until=lambda used: used == {"pods": str(PODS_HARD)},
+        until=lambda used: used == {"pods": "0"},
         within=10,
-        what="usage computed",
+        what="the quota's first status",
     )
+    for i in range(PODS_HARD):
+        await core.create_namespaced_pod(namespace, pod(f"p{i}"))
     with pytest.raises(client.ApiException) as denied:
         await core.create_namespaced_pod(namespace, pod("one-too-many"))
     assert 403 == denied.value.status

@@ -30,6 +30,7 @@ other replica takes over at its next attempt rather than after the lease duratio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -68,6 +69,7 @@ from tally.machinery.informers import Informer
 from tally.measures import Measure
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
+from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
 from tally.resourcequota.discovery import DynamicKinds
 from tally.resourcequota.replenishment import replenisher
@@ -328,6 +330,8 @@ class Runtime:
                     str((new.get("metadata") or {}).get("resourceVersion") or ""),
                     raised_usage(old, new),
                 )
+            if change.new is not None and self.enforces_resource_quotas:
+                self._report_status(change.new)
             count_quotas(change)
             self.dynamic.poke()
             if self.registrar is not None:
@@ -341,7 +345,22 @@ class Runtime:
         self.informers[NAMESPACES].add_handler(self.cluster_controller.on_namespace)
         self.pod_views.add_handler(self.podset_controller.on_pod)
 
+    def _report_status(self, quota_obj: Any) -> None:
+        """The quota's gauges follow its status as written, by admission's charges as by the
+        controller's syncs: charges alone would otherwise show only at the next sync."""
+        status = quota_obj.get("status") or {}
+        try:
+            hard = parse_resource_list(status.get("hard"), "status.hard")
+            used = parse_resource_list(status.get("used"), "status.used")
+        except ResourceListError:
+            return  # the controller's next sync reports (and corrects) it
+        self.metrics.quota_synced(quota_key(quota_obj), hard, used)
+
     def _on_cluster_quota(self, change: Change[Any]) -> None:
+        if change.new is not None and change.new.get("status"):
+            # A status that does not parse is the controller's to rewrite at its next sync.
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                self.metrics.cluster_quota_synced(change.name, change.new["status"])
         if (change.old or {}).get("spec") != (change.new or {}).get("spec"):
             self._refresh_measures()  # not on status writes: admission makes many
         self.cluster_controller.on_cluster_quota(change)
