@@ -14,11 +14,13 @@ Until then a pending charge *holds* its quotas' usage: a recalculation may not l
 below what the caches count plus the pending charges (see
 :meth:`~tally.resourcequota.controller.ResourceQuotaController.sync_resource_quota`).
 
-Owns: :class:`ChargeLedger` and its expiry loop. Imports only the pure core (resource lists,
-group/resources); admission records charges, the informers' handlers confirm them and the
-quota controller reads what they hold, each through this package.
+Owns: :class:`ChargeLedger` and its expiry loop, and :class:`FirstSyncs` (quotas whose first
+status was just written, which creations admitted before it may still reach). Imports only the
+pure core (resource lists, group/resources); admission records charges, the informers' handlers
+confirm them and the quota controller reads what they hold, each through this package.
 """
 
+from tally.charges.first_syncs import FirstSyncs
 from tally.charges.ledger import (
     CLUSTER_QUOTA_KEY_PREFIX,
     Charge,
@@ -38,6 +40,7 @@ __all__ = [
     "Charge",
     "ChargeLedger",
     "ChargeMetrics",
+    "FirstSyncs",
     "NoopChargeMetrics",
     "ObjectRef",
     "QuotaKey",

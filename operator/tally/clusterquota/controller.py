@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.charges import ChargeLedger, cluster_quota_key, hold_pending
+from tally.charges import ChargeLedger, FirstSyncs, cluster_quota_key, hold_pending
+from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally.clusterquota import quota as cluster
 from tally.evaluators.base import GroupResource, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
@@ -98,6 +99,10 @@ class ClusterQuotaController:
         self.workers = workers
         self.resync_period = resync_period
         self.charges = charges
+        self.first_syncs: FirstSyncs[str] = FirstSyncs(
+            charges.timeout if charges is not None else DEFAULT_TIMEOUT_S
+        )
+        """ClusterQuotas whose first status was just written (see :meth:`replenish`)."""
         self.newest = newest
         self.observer = observer
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
@@ -187,8 +192,12 @@ class ClusterQuotaController:
                 continue
             current = self._newest(cq)
             status_hard = cluster.status_total(current, "hard")
-            if unsynced_only and status_hard is not None:
-                continue
+            if (
+                unsynced_only
+                and status_hard is not None
+                and not self.first_syncs.recent(cluster.name_of(cq))
+            ):
+                continue  # counted since; a first count just written may have missed it
             names = list(status_hard or (cluster.spec_quota(current).get("hard") or {}))
             if evaluator.matching_resources(names):
                 self.queue.add(cluster.name_of(cq))
@@ -268,6 +277,8 @@ class ClusterQuotaController:
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard))
         if status != cq.get("status"):
             await self.writer.update_status(cq, status)
+            if cluster.status_total(cq, "hard") is None:
+                self.first_syncs.wrote_first(name)
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
         if self.observer is not None:

@@ -37,7 +37,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.charges import ChargeLedger, hold_pending
+from tally.charges import ChargeLedger, FirstSyncs, hold_pending
+from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally.evaluators.base import GroupResource, ObjectError, ScopeError, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.machinery.cache import Store
@@ -153,6 +154,10 @@ class ResourceQuotaController:
         self.charges = charges
         """Admission's charges whose objects the caches have not shown yet: a sync never
         lowers usage below what they hold (see :func:`tally.charges.hold_pending`)."""
+        self.first_syncs: FirstSyncs[QuotaKey] = FirstSyncs(
+            charges.timeout if charges is not None else DEFAULT_TIMEOUT_S
+        )
+        """Quotas whose first status was just written (see :meth:`replenish`)."""
         self.queue: RateLimitingQueue[QuotaKey] = RateLimitingQueue(
             default_controller_rate_limiter(), name=PRIMARY_QUEUE, metrics_provider=metrics_provider
         )
@@ -241,10 +246,11 @@ class ResourceQuotaController:
         and a quota without ``status.hard`` matches on ``spec.hard``: the queue runs an
         in-flight key again after it finishes.
 
-        ``unsynced_only``: only quotas without ``status.hard``, for a creation admission
-        charged. Admission skips a quota whose status is not known yet (upstream too), so a
-        create admitted then is charged to nobody; that quota's first sync counts it only if
-        the object reached the cache first.
+        ``unsynced_only``: only quotas without ``status.hard``, or whose first status was
+        written within the charge confirmation timeout (:class:`~tally.charges.FirstSyncs`), for
+        a creation admission charged. Admission skips a quota whose status is not known yet
+        (upstream too), so a create admitted then is charged to nobody; that quota's first sync
+        counts it only if the object reached the cache first.
         """
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
@@ -252,7 +258,7 @@ class ResourceQuotaController:
         for cached in self.quotas.in_namespace(namespace):
             quota_obj = cached if self.newest is None else self.newest(cached)
             status_hard = (quota_obj.get("status") or {}).get("hard")
-            if unsynced_only and status_hard:
+            if unsynced_only and status_hard and not self.first_syncs.recent(quota_key(quota_obj)):
                 continue
             hard = status_hard or ((quota_obj.get("spec") or {}).get("hard") or {})
             if isinstance(hard, Mapping) and evaluator.matching_resources(list(hard)):
@@ -342,6 +348,8 @@ class ResourceQuotaController:
             await self.writer.update_status(
                 quota_obj, {"hard": quota.to_strings(hard), "used": quota.to_strings(used)}
             )
+            if status_hard is None:
+                self.first_syncs.wrote_first(quota_key(quota_obj))
         logger.debug(
             "synced quota %s/%s in %.1f ms (written: %s)",
             *quota_key(quota_obj),

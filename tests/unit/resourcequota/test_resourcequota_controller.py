@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tally.charges import ChargeLedger, ObjectRef
+from tally.charges import ChargeLedger, FirstSyncs, ObjectRef
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, UsageError, new_registry
 from tally.machinery.cache import Store
@@ -911,6 +911,45 @@ async def test_replenish_for_a_charged_creation_syncs_only_quotas_without_status
     controller.replenish(PODS, "ns", unsynced_only=True)
     assert 1 == len(controller.queue)
     assert ("ns", "new") == await controller.queue.get()
+
+
+async def test_a_charged_creation_also_syncs_a_quota_whose_first_status_was_just_written() -> None:
+    # A create admitted while the quota had no status is charged to nobody; the quota's first
+    # sync ran before the object reached the cache and wrote 0. The creation event, arriving
+    # after that first write, must still recalculate the quota, within the confirmation
+    # window; a quota synced before that window is charged by admission and left alone.
+    new = _tracking("new", None)
+    controller, writer = new_controller([new, _tracking("old", {"pods": "5"})])
+    now = [100.0]
+    controller.first_syncs = FirstSyncs(5.0, clock=lambda: now[0])
+    await controller.sync_resource_quota(new)
+    assert [("ns", "new")] == [(w[0]["metadata"]["namespace"], w[0]["metadata"]["name"])
+                               for w in writer.writes]  # fmt: skip
+    # From now on this process's newest copy of the quota carries that first status.
+    controller.newest = lambda quota_obj: (
+        {**quota_obj, "status": writer.writes[0][1]}
+        if quota_obj["metadata"]["name"] == "new"
+        else quota_obj
+    )
+    controller.replenish(PODS, "ns", unsynced_only=True)
+    assert [("ns", "new")] == [await controller.queue.get() for _ in range(len(controller.queue))]
+    controller.queue.done(("ns", "new"))
+    now[0] = 105.0  # past the window: charged like any synced quota
+    controller.replenish(PODS, "ns", unsynced_only=True)
+    assert 0 == len(controller.queue)
+
+
+def test_first_syncs_forget_after_their_window() -> None:
+    now = [0.0]
+    syncs: FirstSyncs[str] = FirstSyncs(5.0, clock=lambda: now[0])
+    syncs.wrote_first("a")
+    now[0] = 3.0
+    syncs.wrote_first("b")
+    assert (True, True, 2) == (syncs.recent("a"), syncs.recent("b"), len(syncs))
+    now[0] = 5.0
+    assert (False, True, 1) == (syncs.recent("a"), syncs.recent("b"), len(syncs))
+    now[0] = 8.0
+    assert 0 == len(syncs)
 
 
 async def test_replenish_reads_the_newest_copy_of_a_quota() -> None:

@@ -1,0 +1,54 @@
+"""Quotas whose first status was written a moment ago: creations admitted before it may still
+come.
+
+Admission judges a request only against quotas whose status it knows (upstream skips a quota
+without ``status.hard`` too), so a create admitted while a new quota awaits its first sync is
+charged to nobody. That first sync counts the object only if the object reached the caches
+first; if its creation event comes after the first status was written, a recalculation must
+follow, or the quota stays short of it until the next full resync and admission admits past
+the limit. The quota controllers mark each first write here and, on a creation they did not see
+charged, recalculate a quota first written within ``window`` seconds (the charge confirmation
+timeout: how long an admitted object may take to reach the caches).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class FirstSyncs(Generic[K]):
+    """When each quota's first status was written, for ``window`` seconds."""
+
+    def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self._at: dict[K, float] = {}
+
+    def wrote_first(self, key: K) -> None:
+        self._prune()
+        self._at.pop(key, None)  # re-added last: insertion order stays write order
+        self._at[key] = self._clock()
+
+    def recent(self, key: K) -> bool:
+        """Whether ``key``'s first status was written within the window."""
+        self._prune()
+        return key in self._at
+
+    def forget(self, key: K) -> None:
+        self._at.pop(key, None)
+
+    def __len__(self) -> int:
+        self._prune()
+        return len(self._at)
+
+    def _prune(self) -> None:
+        # Insertion order is write order: the oldest first.
+        horizon = self._clock() - self.window
+        for key, at in list(self._at.items()):
+            if at > horizon:
+                break
+            del self._at[key]
