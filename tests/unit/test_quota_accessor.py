@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally.charges import ChargeLedger, QuotaKey
+from tally.charges import ChargeLedger, QuotaKey, cluster_quota_key
+from tally.clusterquota.quota import raised_shares
 from tally.kube import rest
+from tally.kube.cluster_quotas import KubeClusterQuotaWriter, write_key
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery.cache import Store
 from tally.machinery.errors import Conflict
@@ -171,7 +173,9 @@ async def test_event_before_own_put_returns_holds_nothing(
     await in_flight()
 
     accessor.usage_raised(KEY, "42", dict(RAISE))
-    assert 0 == len(ledger)  # undecided while the PUT is in flight
+    # Undecided while the PUT is in flight: held meanwhile, so that no recalculation erases
+    # it should it be another replica's; withdrawn once the write turns out to be ours.
+    assert RAISE == ledger.held(KEY)
 
     put.gate.set()
     await pending
@@ -179,14 +183,14 @@ async def test_event_before_own_put_returns_holds_nothing(
     assert 0 == len(ledger)
 
 
-async def test_other_raise_during_own_put_is_held_once_it_returns(
+async def test_other_raise_during_own_put_is_held_and_stays_held_once_it_returns(
     accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
 ) -> None:
     pending = start_write(accessor, put, "42")
     await in_flight()
 
     accessor.usage_raised(KEY, "41", dict(RAISE))
-    assert 0 == len(ledger)
+    assert RAISE == ledger.held(KEY)
 
     put.gate.set()
     await pending
@@ -201,7 +205,7 @@ async def test_raise_during_failed_put_is_held(
     await in_flight()
 
     accessor.usage_raised(KEY, "42", dict(RAISE))
-    assert 0 == len(ledger)
+    assert RAISE == ledger.held(KEY)
 
     put.gate.set()
     with pytest.raises(Conflict):
@@ -306,3 +310,65 @@ async def test_forget_during_a_put_leaves_nothing_behind(
     await pending
 
     assert KEY not in accessor._written
+
+
+# -- ClusterQuotas: their writer tells the accessor; a raise is held per namespace share
+
+
+async def test_cluster_quota_raises_are_held_per_share_unless_this_process_wrote_them(
+    accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
+) -> None:
+    writer = KubeClusterQuotaWriter(object(), tracker=accessor)  # type: ignore[arg-type]
+    put.answers.append("50")
+    await writer.put_status({"metadata": {"name": "team", "resourceVersion": "49"}})
+    key = write_key("team")
+    shares = {
+        cluster_quota_key("a", "team"): dict(RAISE),
+        cluster_quota_key("b", "team"): dict(RAISE),
+    }
+    accessor.raised(key, "50", shares)  # our own write
+    assert 0 == len(ledger)
+    accessor.raised(key, "51", shares)  # another replica's
+    assert (RAISE, RAISE) == (
+        ledger.held(cluster_quota_key("a", "team")),
+        ledger.held(cluster_quota_key("b", "team")),
+    )
+
+
+def test_raised_shares_are_what_grew_per_namespace() -> None:
+    def cq(total: dict[str, str] | None, shares: dict[str, dict[str, str]]) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "namespaces": [{"namespace": ns, "status": {"used": u}} for ns, u in shares.items()]
+        }
+        if total is not None:
+            status["total"] = {"used": total}
+        return {"status": status}
+
+    old = cq({"pods": "3", "cpu": "1"}, {"a": {"pods": "3", "cpu": "1"}})
+    new = cq({"pods": "5", "cpu": "1", "memory": "1Gi"},
+             {"a": {"pods": "4", "cpu": "1"}, "b": {"pods": "1", "memory": "1Gi"}})  # fmt: skip
+    assert {"a": {"pods": Quantity.parse("1")}, "b": {"pods": Quantity.parse("1")}} == (
+        raised_shares(old, new)  # memory is new in the total: a first calculation
+    )
+    assert {} == raised_shares(cq(None, {}), new)  # no total before: the first calculation
+    assert {} == raised_shares(new, old)  # lowered: nothing raised
+
+
+async def test_a_copy_read_after_a_lost_write_is_for_admission_not_the_controller(
+    monkeypatch: pytest.MonkeyPatch, ledger: ChargeLedger
+) -> None:
+    # The controller writes over newest(); a copy its watch has not delivered may carry
+    # another replica's raise that is not held yet, so it must not see one.
+    cached = {**quota(rv="5"), "status": {"hard": {"cpu": "10"}, "used": {"cpu": "1"}}}
+    live = {**quota(rv="9"), "status": {"hard": {"cpu": "10"}, "used": {"cpu": "3"}}}
+    store: Store[dict[str, Any]] = Store(lambda o: o)
+    store.upsert(cached)
+
+    async def get_json(api: object, path: str) -> dict[str, Any]:
+        return live
+
+    monkeypatch.setattr(rest, "get_json", get_json)
+    accessor = KubeQuotaAccessor(store, api=object(), charges=ledger)  # type: ignore[arg-type]
+    await accessor.refresh(cached)
+    assert cached is accessor.newest(cached)
+    assert [live] == await accessor.get_quotas("a")

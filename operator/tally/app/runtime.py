@@ -50,7 +50,7 @@ from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import Charge, ChargeLedger, ObjectRef, cluster_quota_of
+from tally.charges import Charge, ChargeLedger, ObjectRef, cluster_quota_key, cluster_quota_of
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
@@ -187,7 +187,8 @@ class Runtime:
         self.accessor = KubeQuotaAccessor(
             self.quotas, api, charges=self.charges if settings.leader_election else None
         )
-        self.cluster_quota_writer = KubeClusterQuotaWriter(api)
+        # Its writes are told to the accessor, which tells other replicas' raises apart.
+        self.cluster_quota_writer = KubeClusterQuotaWriter(api, tracker=self.accessor)
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
         # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
@@ -357,6 +358,22 @@ class Runtime:
         self.metrics.quota_synced(quota_key(quota_obj), hard, used)
 
     def _on_cluster_quota(self, change: Change[Any]) -> None:
+        if change.kind is ChangeKind.UPDATED and change.old is not None and change.new is not None:
+            # A raise of a share this process did not write is another replica's charge:
+            # held (with leader election), as for ResourceQuotas.
+            name = change.name
+            self.accessor.raised(
+                cluster_quotas.write_key(name),
+                str((change.new.get("metadata") or {}).get("resourceVersion") or ""),
+                {
+                    cluster_quota_key(namespace, name): amount
+                    for namespace, amount in cluster_quota.raised_shares(
+                        change.old, change.new
+                    ).items()
+                },
+            )
+        elif change.kind is ChangeKind.DELETED:
+            self.accessor.forget(cluster_quotas.write_key(change.name))
         if change.new is not None and change.new.get("status"):
             # A status that does not parse is the controller's to rewrite at its next sync.
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):

@@ -256,16 +256,24 @@ class ChargeLedger:
 
     def _seq_of(self, charge: Charge) -> int | None:
         if charge.ref is None:
+            for key in charge.amounts:
+                for seq, pending in self._by_quota.get(key, {}).items():
+                    if pending is charge:
+                        return seq
             return None
         for seq, pending in self._by_object.get(charge.ref, {}).items():
             if pending is charge:
                 return seq
         return None
 
-    def hold(self, key: QuotaKey, amount: ResourceList) -> None:
-        """A raise of ``key``'s usage this process did not make: hold it for the timeout."""
-        if amount:
-            self._add(Charge(None, "", "", {key: dict(amount)}, *self._times()))
+    def hold(self, key: QuotaKey, amount: ResourceList) -> Charge | None:
+        """A raise of ``key``'s usage this process did not make (or may not have: the caller
+        can :meth:`withdraw` it): hold it for the timeout."""
+        if not amount:
+            return None
+        charge = Charge(None, "", "", {key: dict(amount)}, *self._times())
+        self._add(charge)
+        return charge
 
     def release_now(self, amounts: Mapping[QuotaKey, ResourceList]) -> None:
         """tally refused a request after writing these charges: recalculate their quotas now.

@@ -32,7 +32,7 @@ class Selection(Protocol):
 
 
 class StatusWriter(Protocol):
-    def newest(self, cached: Obj) -> Obj: ...
+    def freshest(self, cached: Obj) -> Obj: ...
 
     async def put_status(self, cq: Obj) -> Obj: ...
 
@@ -51,7 +51,8 @@ class ClusterQuotaBinding:
 
     def views(self, namespace: str) -> list[dict[str, Any]]:
         return [
-            cluster.as_resource_quota(cq, namespace) for cq in self._selection.selecting(namespace)
+            cluster.as_resource_quota(self._writer.freshest(cq), namespace)
+            for cq in self._selection.selecting(namespace)
         ]
 
     async def refresh(self, view: Obj) -> None:
@@ -69,7 +70,7 @@ class ClusterQuotaBinding:
         cached = self._cluster_quotas.get("", name)
         if cached is None:
             raise LookupError(f'clusterquotas.tally.dev "{name}" not found')
-        current = self._writer.newest(cached)
+        current = self._writer.freshest(cached)
         version = str((current.get("metadata") or {}).get("resourceVersion") or "")
         if version != str(metadata.get("resourceVersion") or ""):
             # Changed since the view was read: the API server would refuse the same way.

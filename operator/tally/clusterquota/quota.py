@@ -215,3 +215,25 @@ def selected_namespaces(
 ) -> list[str]:
     """The names of the namespaces (name, labels) the selector selects, sorted."""
     return sorted(name for name, labels in namespaces if cq_selector.matches(labels))
+
+
+def raised_shares(old: Obj, new: Obj) -> dict[str, dict[str, Quantity]]:
+    """What a status update raised in each namespace's share, per name the old total carried
+    (a namespace not listed before used nothing of them). That is what a charge by admission
+    looks like on the watch, whichever replica made it; a name new in the total is the
+    controller's first calculation, not a charge."""
+    before_total = status_total(old, "used")
+    if before_total is None:
+        return {}
+    before, after = namespace_used(old), namespace_used(new)
+    raised: dict[str, dict[str, Quantity]] = {}
+    for namespace, used in after.items():
+        previous = before.get(namespace, {})
+        grown = {
+            name: value - previous.get(name, Quantity(0))
+            for name, value in used.items()
+            if name in before_total and value > previous.get(name, Quantity(0))
+        }
+        if grown:
+            raised[namespace] = grown
+    return raised

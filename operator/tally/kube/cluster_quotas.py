@@ -10,7 +10,7 @@ a total that misses its own last charge).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
@@ -26,36 +26,66 @@ PLURAL: Final = "clusterquotas"
 RECENT_WRITES: Final = 100
 
 
+def write_key(name: str) -> tuple[str, str]:
+    """How ClusterQuota ``name``'s status writes are tracked (no namespace: one object)."""
+    return "", "clusterquota:" + name
+
+
+class WriteTracker(Protocol):
+    """Told of each status write, so that watch events can be told apart as this process's
+    own (:class:`~tally.kube.quota_accessor.KubeQuotaAccessor`)."""
+
+    def writing(self, key: tuple[str, str]) -> None: ...
+
+    def wrote(self, key: tuple[str, str], stored: Obj | None) -> None: ...
+
+
 class KubeClusterQuotaWriter:
     """PUTs a ClusterQuota's status with the resourceVersion it carries."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, tracker: WriteTracker | None = None) -> None:
         self._api = api
         self._recent = RecentWrites(RECENT_WRITES)
+        # Copies read after a lost compare-and-swap: for admission only (see freshest).
+        self._refreshed = RecentWrites(RECENT_WRITES)
+        self.tracker = tracker
 
     def newest(self, cached: Obj) -> Obj:
         """``cached``, or this process's later write of the same ClusterQuota."""
         return self._recent.check_cache(cached)
 
+    def freshest(self, cached: Obj) -> Obj:
+        """:meth:`newest`, or a later copy read from the API after a lost compare-and-swap.
+        Admission's: the usage controller must not write over a copy its watch has not
+        delivered yet (another replica's raise in it would not be held)."""
+        return self._refreshed.check_cache(self._recent.check_cache(cached))
+
     async def put_status(self, cq: Obj) -> Obj:
         """The compare-and-swap write; :class:`Conflict` on 409; returns the stored object."""
         name = str((cq.get("metadata") or {}).get("name") or "")
         path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}/status"
+        key = write_key(name)
+        if self.tracker is not None:
+            self.tracker.writing(key)
+        stored: Obj | None = None
         try:
             stored = await rest.put_json(self._api, path, cq)
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"clusterquotas/{name}: {error.reason}") from error
             raise
+        finally:
+            if self.tracker is not None:
+                self.tracker.wrote(key, stored)
         self._recent.add(stored)
-        return stored
+        return dict(stored)
 
     async def refresh(self, name: str) -> None:
         """Read the ClusterQuota from the API (a quorum read, not the watch cache) and keep it
         as the newest copy: after a lost compare-and-swap the cache may still lag behind the
         write that won, and a retry judged against it would lose again."""
         path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}"
-        self._recent.add(await rest.get_json(self._api, path))
+        self._refreshed.add(await rest.get_json(self._api, path))
 
     async def update_status(self, cq: Obj, status: Mapping[str, Any]) -> None:
         """The usage controller's write; a ClusterQuota deleted meanwhile is done."""

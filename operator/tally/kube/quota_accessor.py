@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
-from tally.charges import ChargeLedger, QuotaKey
+from tally.charges import Charge, ChargeLedger, QuotaKey
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites, Store
 from tally.machinery.errors import Conflict
@@ -91,6 +91,10 @@ class KubeQuotaAccessor:
         self.cluster_quotas = cluster_quotas
         """ClusterQuotas are judged beside the namespace's ResourceQuotas (None: none are)."""
         self._updated = UpdatedQuotas()
+        # Copies read from the API after a lost compare-and-swap: for admission only. The
+        # controller must not write over a copy its watch has not delivered yet: another
+        # replica's raise in it would not be held (usage_raised sees it only with the event).
+        self._refreshed = UpdatedQuotas()
         self._charges = charges
         # Telling our own status writes from other replicas' on the quota watch. A write's
         # resourceVersion is known only when its PUT returns, and its watch event may come
@@ -99,7 +103,7 @@ class KubeQuotaAccessor:
         # resourceVersion) and dropped with its quota (forget).
         self._writing: dict[QuotaKey, int] = {}
         self._written: dict[QuotaKey, set[int]] = {}
-        self._unsure: dict[QuotaKey, list[tuple[int, dict[str, Quantity]]]] = {}
+        self._unsure: dict[QuotaKey, list[tuple[int, list[Charge]]]] = {}
 
     def newest(self, cached: Obj) -> Obj:
         """``cached``, or our own later write of the same quota if the cache lags behind it."""
@@ -112,7 +116,10 @@ class KubeQuotaAccessor:
         ClusterQuotas selecting the namespace follow, by name.
         """
         quotas = sorted(
-            (self._updated.check_cache(q) for q in self._quotas.in_namespace(namespace)),
+            (
+                self._refreshed.check_cache(self._updated.check_cache(q))
+                for q in self._quotas.in_namespace(namespace)
+            ),
             key=_key,
         )
         if self.cluster_quotas is not None:
@@ -123,7 +130,7 @@ class KubeQuotaAccessor:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
         namespace, name = key = _key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
-        self._writing[key] = self._writing.get(key, 0) + 1
+        self.writing(key)
         stored: Obj | None = None
         try:
             stored = await rest.put_json(self._api, path, quota)
@@ -132,7 +139,7 @@ class KubeQuotaAccessor:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
             raise
         finally:
-            self._wrote(key, stored)
+            self.wrote(key, stored)
         self._updated.add(stored)
         return stored
 
@@ -157,9 +164,15 @@ class KubeQuotaAccessor:
             return
         namespace, name = _key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}"
-        self._updated.add(await rest.get_json(self._api, path))
+        self._refreshed.add(await rest.get_json(self._api, path))
 
-    def _wrote(self, key: QuotaKey, stored: Obj | None) -> None:
+    def writing(self, key: QuotaKey) -> None:
+        """A status write of ``key`` (a ResourceQuota's, or ``("", "clusterquota:<name>")``
+        for a ClusterQuota's) starts: its watch events wait until :meth:`wrote`."""
+        self._writing[key] = self._writing.get(key, 0) + 1
+
+    def wrote(self, key: QuotaKey, stored: Obj | None) -> None:
+        """The write :meth:`writing` announced returned ``stored`` (None: it failed)."""
         if key not in self._writing:
             return  # the quota was deleted (forget) while the PUT was in flight
         left = self._writing[key] - 1
@@ -171,8 +184,8 @@ class KubeQuotaAccessor:
         if version is not None:
             self._written.setdefault(key, set()).add(version)
         if not left:
-            for seen, amount in self._unsure.pop(key, []):
-                self._classify(key, seen, amount)
+            for seen, held in self._unsure.pop(key, []):
+                self._classify(key, seen, held)
 
     def usage_raised(
         self, key: QuotaKey, resource_version: str, amount: dict[str, Quantity]
@@ -181,18 +194,38 @@ class KubeQuotaAccessor:
         :func:`~tally.resourcequota.controller.raised_usage`; may be empty). A raise another
         replica's admission made is held in the charge ledger: the leader's controller must not
         erase it before that replica's object reaches these caches."""
+        self.raised(key, resource_version, {key: amount} if amount else {})
+
+    def raised(
+        self,
+        key: QuotaKey,
+        resource_version: str,
+        amounts: Mapping[QuotaKey, dict[str, Quantity]],
+    ) -> None:
+        """A status event of ``key`` at ``resource_version`` raised ``amounts`` (by the ledger
+        key each is held under: a ClusterQuota's raise is held per namespace share); held when
+        this process did not write it (:meth:`usage_raised`)."""
         try:
             version = int(resource_version)
         except ValueError:
             return
+        held = self._hold(amounts)
         if self._writing.get(key):
             # Every event waits, raise or not: they must be classified in order, or a later
-            # event's pruning would forget an earlier own write still waiting here.
-            self._unsure.setdefault(key, []).append((version, amount))
+            # event's pruning would forget an earlier own write still waiting here. Its raise
+            # is held meanwhile (a recalculation now must not erase another replica's charge)
+            # and withdrawn if the write turns out to be ours.
+            self._unsure.setdefault(key, []).append((version, held))
             return
-        self._classify(key, version, amount)
+        self._classify(key, version, held)
 
-    def _classify(self, key: QuotaKey, version: int, amount: dict[str, Quantity]) -> None:
+    def _hold(self, amounts: Mapping[QuotaKey, dict[str, Quantity]]) -> list[Charge]:
+        if self._charges is None:
+            return []
+        holds = [self._charges.hold(hold_key, amount) for hold_key, amount in amounts.items()]
+        return [charge for charge in holds if charge is not None]
+
+    def _classify(self, key: QuotaKey, version: int, held: list[Charge]) -> None:
         written = self._written.get(key)
         ours = written is not None and version in written
         if written is not None:
@@ -200,8 +233,9 @@ class KubeQuotaAccessor:
             written.difference_update([v for v in written if v <= version])
             if not written:
                 del self._written[key]
-        if amount and not ours and self._charges is not None:
-            self._charges.hold(key, amount)
+        if ours and self._charges is not None:
+            for charge in held:
+                self._charges.withdraw(charge)
 
     def forget(self, key: QuotaKey) -> None:
         """The quota was deleted: nothing of it is kept here."""
