@@ -434,17 +434,11 @@ class Runtime:
                 logger.warning("charges: could not read %s (%s); held on", path, error)
                 return
         metadata = stored.get("metadata") or {}
-        uid, version = metadata.get("uid"), metadata.get("resourceVersion")
-        if (charge.uid and uid != charge.uid) or (charge.replaces and version == charge.replaces):
-            self.charges.verified(charge, False)  # another object, or the update not stored
-            return
-        # Held on only while the caches lag the API for this object: once they hold its stored
-        # version they count whatever was stored (an update's try the API server judged but
-        # did not store, or one refused after another webhook, is then given back).
-        store = self.stores.get(ref.group_resource) if ref is not None else None
-        entry = store.entry(ref.namespace, ref.name) if store is not None and ref else None
-        current = entry is not None and entry.uid == uid and entry.resource_version == version
-        self.charges.verified(charge, not current)
+        same = not charge.uid or metadata.get("uid") == charge.uid
+        # An update's try is stored, or superseded, once the object moved past the version it
+        # replaced; the caches then confirm the charge when they reach that version.
+        moved = not charge.replaces or metadata.get("resourceVersion") != charge.replaces
+        self.charges.verified(charge, same and moved)
 
     def _object_path(self, ref: ObjectRef) -> str | None:
         gr = ref.group_resource

@@ -14,11 +14,11 @@ object is seen in a cache:
 
 A charge not confirmed ``timeout`` seconds after admission answered is *released*: it stops
 holding usage, and its quotas are recalculated at once (``recalculate``). With a ``verify``
-function (the operator sets one), the API is asked first: while the object is stored at a
-version the caches have not reached, the caches are only behind (a loaded tally sees events
-seconds late) and the charge is held on, asked about again one timeout later; once the caches
-hold what was stored, or nothing was, the charge is released. Without that, a release during
-such lag would lower usage below what exists and admit past the limit. The timeout must
+function (the operator sets one), the API is asked first whether the object was stored: if it
+was, the caches are only behind (a loaded tally sees events seconds late) and the charge is
+held on, asked about again one timeout later; only a charge whose object was never stored (or
+is gone) is released. Without that, a release during such lag would lower usage below what
+exists and admit past the limit. The timeout must
 cover the time from tally's answer to the object's watch event for every create that succeeds:
 the other validating webhooks still deciding, the write to etcd, the watch. A create that takes
 longer is counted late, which lets admission admit past the limit meanwhile; such a *late*
