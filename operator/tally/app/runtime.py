@@ -434,10 +434,18 @@ class Runtime:
                 logger.warning("charges: could not read %s (%s); held on", path, error)
                 return
         metadata = stored.get("metadata") or {}
-        same = not charge.uid or metadata.get("uid") == charge.uid
+        uid, version = metadata.get("uid"), metadata.get("resourceVersion")
+        same = not charge.uid or uid == charge.uid
         # An update's try is stored, or superseded, once the object moved past the version it
-        # replaced; the caches then confirm the charge when they reach that version.
-        moved = not charge.replaces or metadata.get("resourceVersion") != charge.replaces
+        # replaced; the caches then confirm the charge when they reach that version. If they
+        # hold that version already, the try was superseded (the API server judged it, then
+        # tried again against another write, and a later try or a refusal followed): given back.
+        moved = not charge.replaces or version != charge.replaces
+        if same and moved and charge.replaces and ref is not None:
+            store = self.stores.get(ref.group_resource)
+            entry = store.entry(ref.namespace, ref.name) if store is not None else None
+            if entry is not None and entry.uid == uid and entry.resource_version == version:
+                moved = False
         self.charges.verified(charge, same and moved)
 
     def _object_path(self, ref: ObjectRef) -> str | None:
