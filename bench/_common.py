@@ -1,6 +1,7 @@
 """Pieces shared by the benchmarks: control planes in temporary directories (one with the
 ClusterQuota CRD and tally running), API clients, raw JSON requests, bounded concurrency, closed
-loops of clients, polling, percentiles, process memory and the machine line.
+loops of clients, polling, percentiles, process memory, the machine line, and the writer of each
+benchmark's figures (``bench/results/<name>.json`` and the picture ``bench/plot.py`` draws).
 
 Importing this module puts ``hack/`` (``cluster``) and ``tests/e2e/`` (``operator_process``) on
 ``sys.path`` and re-exports both modules: the benchmarks run as plain scripts
@@ -20,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +323,48 @@ def machine() -> str:
         f"(shared machine), python {platform.python_version()}, "
         f"Kubernetes {cluster.kubernetes_version()}, {platform.machine()}"
     )
+
+
+RESULTS = REPO / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number a benchmark reports, beside the number it is judged against."""
+
+    name: str
+    """What is measured, e.g. "throughput", "p99 latency", "CPU per create"."""
+    unit: str
+    """e.g. "creates/s", "ms"."""
+    tally: float
+    reference: float | None
+    """The figure tally is compared with (upstream, or the floor); None when there is none."""
+    reference_name: str = "upstream"
+    better: str = "lower"
+    """"lower" or "higher": which way is better, for the picture."""
+    target: str | None = None
+    """The target as docs/performance.md states it, e.g. "<= 1.2x"."""
+
+
+def write_results(
+    name: str, result: dict[str, Any], figures: Sequence[Figure], *, path: Path | None = None
+) -> Path:
+    """Write ``bench/results/<name>.json`` (or ``path``): the benchmark's name, the time, the
+    machine line, its figures and every key of ``result`` (which may override ``machine``: a
+    benchmark that records the machine line as it starts keeps that one); then draw the
+    picture beside it (``.png``, ``bench/plot.py``). Returns the JSON's path."""
+    import plot  # bench/plot.py: matplotlib is imported only when a benchmark writes
+
+    target = path or RESULTS / f"{name}.json"
+    document: dict[str, Any] = {
+        "benchmark": name,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "figures": [asdict(figure) for figure in figures],
+        **result,
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    plot.draw(document, target.with_suffix(".png"))
+    print(f"figures: {target}, {target.with_suffix('.png')}", file=sys.stderr)
+    return target
