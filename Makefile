@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 CONFORMANCE_ARGS ?=
 
-.PHONY: install binaries helm prometheus run test unit e2e conformance lint format down clean
+.PHONY: install binaries helm floor prometheus run test unit e2e conformance lint format down clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ binaries: $(INSTALLED)
 # (hack/helm.py), once. `make run` does not need it.
 helm: $(INSTALLED)
 	$(PY) hack/helm.py build
+
+# The floor webhook (hack/floor.py: Go, standard library only) that bench/admission.py measures
+# tally's admission against, built into the same cache; the benchmark builds it on demand too.
+floor: $(INSTALLED)
+	$(PY) hack/floor.py build
 
 # Prometheus and promtool from Debian's package (hack/prometheus.sh), for the dashboard and
 # alert-rule tests; skipped when both are on PATH.
