@@ -94,6 +94,29 @@ async def test_a_deleted_quota_leaves_no_charge_behind(runtime: Runtime) -> None
     assert (0, {}) == (len(runtime.charges), runtime.charges.held(KEY))
 
 
+async def test_a_deleted_quota_leaves_no_metric_series_on_a_replica_that_does_not_lead(
+    runtime: Runtime,
+) -> None:
+    # Every replica exports a quota's gauges from its status events, but only the leader's
+    # controller syncs (and drops them for a deleted quota). This runtime never leads: were
+    # the deletion not handled where the events are, a replica would keep four series per
+    # quota ever made, forever.
+    def series() -> list[float | None]:
+        return [
+            runtime.metrics.registry.get_sample_value(
+                "kube_resourcequota",
+                {"namespace": "team", "resourcequota": "q", "resource": "pods", "type": kind},
+            )
+            for kind in ("hard", "used")
+        ]
+
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("1", "2"))
+    assert [10.0, 1.0] == series()
+    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota("1", "2"))
+    assert [None, None] == series()
+    assert KEY not in runtime.metrics._series
+
+
 async def test_a_raise_nobody_here_wrote_is_held_only_with_leader_election() -> None:
     for leader_election, held in ((False, {}), (True, {"pods": Quantity.parse("3")})):
         async for runtime in _runtime(leader_election=leader_election):

@@ -320,6 +320,9 @@ class Runtime:
                 controller.delete_quota(old)
                 self.charges.forget_quota(quota_key(old))
                 self.accessor.forget(quota_key(old))
+                # Every replica exports the gauges (_report_status) but only the leader's
+                # controller syncs a deleted quota: each replica drops its own series here.
+                self.metrics.quota_deleted(quota_key(old))
             elif change.kind is ChangeKind.ADDED:
                 controller.add_quota(change.new or {})
             else:
@@ -622,6 +625,7 @@ class Runtime:
             directory=Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-")),
             client_ca=settings.webhook_client_ca,
             check_period=settings.webhook_cert_check_period,
+            on_load=self.metrics.webhook_certificate_loaded,
         )
         await tls.load()
         self.tls = tls
