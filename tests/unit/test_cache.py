@@ -123,6 +123,32 @@ def test_replace_does_not_resurrect_an_object_deleted_after_the_list_started(
     assert store.get("a", "p") is None
 
 
+def test_deletions_are_remembered_only_as_long_as_a_list_may_need_them(
+    store: Store[str], clock: FakeClock
+) -> None:
+    # A deletion is kept so that a LIST begun before it does not bring the object back; a
+    # store whose watch never breaks never re-lists, so waiting for the next LIST to forget
+    # them kept one entry per object ever deleted (a namespace-churning cluster, all day).
+    store.replace([obj(f"p{i}", "1") for i in range(100)], started_at=clock.now)
+    for i in range(100):
+        clock.now += 1
+        store.delete(obj(f"p{i}", "2"))
+    # The first 40 deletions are over a minute old now: only the last 60 and the new one stay.
+    clock.now += 1
+    store.delete(obj("late", "2"))
+    assert 61 == len(store._deleted)
+    # A LIST still being read keeps every deletion since it began, however old.
+    listing = store.begin_replace(clock.now)
+    clock.now += 500
+    store.delete(obj("later", "2"))
+    assert 2 == len(store._deleted)  # "late" (at the LIST's start) and "later"
+    clock.now += 1
+    store.delete(obj("last", "2"))
+    assert listing.add([obj("later", "1"), obj("last", "1")]) == []
+    assert [] == listing.finish()
+    assert None is store.get("a", "later")
+
+
 def test_replace_takes_newer_versions_and_recreations(store: Store[str], clock: FakeClock) -> None:
     store.replace([obj("p", "1"), obj("q", "1", uid="q-old")], started_at=clock.now)
     clock.now += 10

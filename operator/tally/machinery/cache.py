@@ -19,6 +19,8 @@ Invariants:
 * A LIST is a snapshot taken at some moment; events that arrived while it was in flight are
   newer. ``replace(items, started_at)`` therefore leaves alone every entry written, and every
   deletion recorded, at or after ``started_at``; it only fixes entries older than the list.
+  A deletion is remembered only while a LIST may need it (one begun before it is being read,
+  or ``DELETION_MEMORY_S``), so deletions never accumulate between LISTs.
 * ``synced`` is set by the first ``replace`` and never cleared: readers (the quota controller's
   workers, admission) wait on it, like upstream's ``WaitForCacheSync``.
 
@@ -40,6 +42,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 P = TypeVar("P")
+
+DELETION_MEMORY_S = 60.0
+"""How long a deletion is remembered when no LIST is being read: ``replace`` is handed a LIST
+after it was read, with when it began; a LIST is read in seconds (a minute is ample)."""
 
 Obj = Mapping[str, Any]
 Key = tuple[str, str]
@@ -115,10 +121,16 @@ class Store(Generic[P]):
         # namespace -> name -> entry. Empty namespaces are removed, so iterating namespaces
         # never visits one with nothing in it.
         self._entries: dict[str, dict[str, Entry[P]]] = {}
-        # Deletions seen by events: key -> (uid, when). A LIST that started before a deletion
-        # may still contain the object; this keeps ``replace`` from resurrecting it. Pruned on
-        # every ``replace``: a deletion older than the list start is reflected by the list.
+        # Deletions seen by events: key -> (uid, when), in the order seen. A LIST that started
+        # before a deletion may still contain the object; this keeps ``replace`` from
+        # resurrecting it. A deletion older than a list's start is reflected by the list, so
+        # each one is kept only while a LIST may need it: while one begun before it is being
+        # read, or for DELETION_MEMORY_S (``replace`` is handed a LIST after reading it).
+        # Pruned as deletions come, not only at a LIST: a watch that never breaks never
+        # re-lists.
         self._deleted: dict[Key, tuple[str, float]] = {}
+        self._listing_since: float | None = None
+        """When the LIST being read now (``begin_replace``, not finished) began."""
         self._synced = asyncio.Event()
 
     # -- reading
@@ -176,7 +188,10 @@ class Store(Generic[P]):
         """Forget ``obj`` (DELETED); None if it was not stored."""
         namespace, name = object_key(obj)
         uid, _ = _uid_and_version(obj)
-        self._deleted[(namespace, name)] = (uid, self._clock())
+        now = self._clock()
+        self._deleted.pop((namespace, name), None)  # re-added last: the order stays time order
+        self._deleted[(namespace, name)] = (uid, now)
+        self._forget_deletions_before(now - DELETION_MEMORY_S)
         names = self._entries.get(namespace)
         if names is None:
             return None
@@ -204,7 +219,17 @@ class Store(Generic[P]):
     def begin_replace(self, started_at: float) -> Replacement[P]:
         """:meth:`replace`, one LIST page at a time: only a page of raw objects is ever held
         (a LIST of 10 000 pods held whole cost ~170 MiB of peak memory, bench/scale.py)."""
+        self._listing_since = started_at  # a newer LIST supersedes one abandoned halfway
         return Replacement(self, started_at)
+
+    def _forget_deletions_before(self, horizon: float) -> None:
+        if self._listing_since is not None:
+            horizon = min(horizon, self._listing_since)
+        while self._deleted:
+            oldest = next(iter(self._deleted))
+            if self._deleted[oldest][1] >= horizon:
+                return
+            del self._deleted[oldest]
 
     def _apply_listed(self, obj: Obj, started_at: float) -> Change[P] | None:
         namespace, name = object_key(obj)
@@ -240,6 +265,8 @@ class Store(Generic[P]):
         self._deleted = {
             key: deleted for key, deleted in self._deleted.items() if deleted[1] >= started_at
         }
+        if self._listing_since == started_at:
+            self._listing_since = None
         self._synced.set()
         return changes
 
