@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, machine, percentile
+from _common import REPO, Figure, machine, percentile, write_results
 from tally.measures import (
     MAX_COST,
     Measure,
@@ -230,43 +230,18 @@ def bound_case() -> dict[str, Any]:
     }
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = result["cases"]
-    names = [c["name"] for c in cases]
-    series = [
-        ("tally evaluate", "tally", "#1f77b4"),
-        ("whole object", "whole_object", "#ff7f0e"),
-        ("plain Python", "python", "#2ca02c"),
-    ]
-    figure, axes = plt.subplots(figsize=(9, 5.2))
-    height = 0.26
-    for offset, (label, key, colour) in enumerate(series):
-        values = [c[key]["median_us"] for c in cases]
-        positions = [i + (offset - 1) * height for i in range(len(cases))]
-        bars = axes.barh(positions, values, height=height, label=label, color=colour)
-        axes.bar_label(bars, labels=[f"{v:.1f}" for v in values], padding=2, fontsize=7)
-    axes.set_yticks(range(len(cases)), names)
-    axes.invert_yaxis()
-    axes.set_xscale("log")
-    axes.set_xlabel("µs per object (median of single evaluations, log scale)")
+def figures_of(result: dict[str, Any]) -> list[Figure]:
+    """Each case's median against the same programs given the whole object, and the slowest
+    evaluation the cost bound admits."""
     bound = result["bound"]
-    axes.set_title(
-        "ClusterQuota measures: cost per object\n"
-        f"slowest admitted by the bound ({bound['items']} items, one map): "
-        f"{bound['median_ms']} ms",
-        fontsize=10,
-    )
-    axes.set_xlim(right=max(c["whole_object"]["median_us"] for c in cases) * 3)
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8)
-    figure.text(0.01, 0.01, result["machine"], fontsize=6, color="grey")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    return [
+        *(
+            Figure(case["name"], "µs per object", case["tally"]["median_us"],
+                   case["whole_object"]["median_us"], reference_name="whole object")
+            for case in result["cases"]
+        ),
+        Figure(f"bound: {bound['items']} items, one map", "ms", bound["median_ms"], None),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,11 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         f"max {bound['max_ms']} ms; 1001 items refused in {bound['refusal_of_1001_items_us']} µs",
         flush=True,
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    picture = args.json.with_suffix(".png")
-    plot(result, picture)
-    print(f"figures: {args.json}, {picture}", file=sys.stderr)
+    write_results("measures", result, figures_of(result), path=args.json)
     return 0
 
 

@@ -58,6 +58,7 @@ from kubernetes_asyncio import client
 
 from _common import (
     REPO,
+    Figure,
     Loop,
     Raw,
     api_client,
@@ -73,6 +74,7 @@ from _common import (
     operator_process,
     percentile,
     until,
+    write_results,
 )
 from tally.quota.quantity import Quantity, parse_quantity
 from tally.webhook.registrar import RULES_SETTLE_S
@@ -446,44 +448,22 @@ def report(result: dict[str, Any]) -> bool:
     return not any(side["refused"] for side in sides.values())
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sides = [("count only", result["count_only"], "#1f77b4"),
-             ("measures", result["measures_phase"], "#ff7f0e")]  # fmt: skip
-    figure, (latency, rate) = plt.subplots(
-        1, 2, figsize=(10, 4.6), gridspec_kw={"width_ratios": [2.2, 1]}
-    )
-    top = max(max(side["latencies_ms"]) for _, side, _ in sides)
-    bins = [top * i / 60 for i in range(61)]
-    for label, side, colour in sides:
-        latency.hist(side["latencies_ms"], bins=bins, histtype="step", linewidth=1.6,
-                     color=colour, label=f"{label}: p50 {side['p50_ms']:.0f} ms, "
-                     f"p99 {side['p99_ms']:.0f} ms")  # fmt: skip
-        for key, style in (("p50_ms", "--"), ("p99_ms", ":")):
-            latency.axvline(side[key], color=colour, linestyle=style, linewidth=1)
-    latency.set_xlabel("create latency (ms); dashed p50, dotted p99")
-    latency.set_ylabel("creates")
-    latency.legend(fontsize=8)
-    latency.set_title("latency per create", fontsize=10)
-    values = [side["throughput_per_s"] for _, side, _ in sides]
-    bars = rate.bar([label for label, _, _ in sides], values,
-                    color=[colour for _, _, colour in sides])  # fmt: skip
-    rate.bar_label(bars, labels=[f"{v:.0f}/s" for v in values], fontsize=8)
-    rate.set_ylabel("creates/s")
-    rate.set_title(f"throughput: {result['ratios']['throughput']:.2f}x", fontsize=10)
-    figure.suptitle(
-        f"ClusterQuota measures at admission: {result['clients']} clients, "
-        f"{result['creates_per_phase']} databases per phase, {len(result['measures'])} measures",
-        fontsize=11,
-    )
-    figure.text(0.01, 0.01, result["machine"], fontsize=6, color="grey")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+def figures_of(result: dict[str, Any]) -> list[Figure]:
+    """The measures phase (tally's bars) against the count-only phase."""
+    count_only, measures = result["count_only"], result["measures_phase"]
+    reference = "count only"
+    with_measures = f"with {len(result['measures'])} measures"
+    return [
+        Figure(f"throughput {with_measures}", "creates/s", measures["throughput_per_s"],
+               count_only["throughput_per_s"], reference_name=reference, better="higher"),
+        Figure(f"p50 latency {with_measures}", "ms", measures["p50_ms"], count_only["p50_ms"],
+               reference_name=reference),
+        Figure(f"p99 latency {with_measures}", "ms", measures["p99_ms"], count_only["p99_ms"],
+               reference_name=reference),
+        Figure(f"tally CPU per create {with_measures}", "ms",
+               measures["cpu_ms_per_create"]["tally"], count_only["cpu_ms_per_create"]["tally"],
+               reference_name=reference),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -505,11 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(state, tally, args.namespaces, args.creates, args.clients, args.blocks)
         )
     ok = report(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    picture = args.json.with_suffix(".png")
-    plot(result, picture)
-    print(f"figures: {args.json}, {picture}", file=sys.stderr)
+    write_results("measures_admission", result, figures_of(result), path=args.json)
     return 0 if ok else 1
 
 

@@ -16,7 +16,8 @@ target number of active pods the workload controls.
   limit. Target: tally's pods/s ≥ 0.8x the raw loop's.
 
 The sides run one after the other, never at once (they share the machine's cores).
-Prints times, pods/s, ratios, the input size and the machine. Cleans up both control planes and
+Prints times, pods/s, ratios, the input size and the machine, and writes the figures as JSON and
+a picture beside it (``bench/results/podset.json``, ``.png``). Cleans up both control planes and
 tally whatever happens.
 
 Run: ``.venv/bin/python bench/podset.py [--pods 500] [--concurrency 64]``.
@@ -51,6 +52,7 @@ from podset_e2e import (  # noqa: E402
 )
 
 import cluster  # noqa: E402
+from _common import Figure, write_results  # noqa: E402
 from tally_e2e import ControlPlane, wait_for_default_service_account  # noqa: E402
 
 UPSTREAM_QPS, UPSTREAM_BURST = 20, 30
@@ -211,6 +213,33 @@ async def measure(
         failures += verdict != "ok"
         print(f"  {what}: tally / raw pods/s = {ratio:.2f}x "
               f"(target >= {TARGET_UNTHROTTLED}x) {verdict}")  # fmt: skip
+    limited = f"<= {TARGET_LIMITED}x"
+    unthrottled = f">= {TARGET_UNTHROTTLED}x"
+    write_results(
+        "podset",
+        {
+            "pods": pods,
+            "concurrency": concurrency,
+            "qps": UPSTREAM_QPS,
+            "burst": UPSTREAM_BURST,
+            "seconds": {
+                "limited": {"tally_up": tally_up, "tally_down": tally_down,
+                            "upstream_up": upstream_up, "upstream_down": upstream_down},
+                "unthrottled": {"tally_up": free_up, "tally_down": free_down,
+                                "raw_up": raw_up, "raw_down": raw_down},
+            },
+        },
+        [
+            Figure(f"0 → {pods} at {UPSTREAM_QPS} qps", "s", tally_up, upstream_up,
+                   reference_name="ReplicaSet", target=limited),
+            Figure(f"{pods} → 0 at {UPSTREAM_QPS} qps", "s", tally_down, upstream_down,
+                   reference_name="ReplicaSet", target=limited),
+            Figure(f"0 → {pods} unthrottled", "pods/s", pods / free_up, pods / raw_up,
+                   reference_name="raw loop", better="higher", target=unthrottled),
+            Figure(f"{pods} → 0 unthrottled", "pods/s", pods / free_down, pods / raw_down,
+                   reference_name="raw loop", better="higher", target=unthrottled),
+        ],
+    )  # fmt: skip
     return failures
 
 

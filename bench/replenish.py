@@ -11,8 +11,9 @@ request to the arrival, on a watch of the quota opened before the run, of the st
 ``used.pods`` shows the deletion. The warm-up deletions are not counted.
 
 Prints p50 / p95 / max per side and tally's ratios to upstream (target: <= 1.0x),
-with the input size and the machine (nproc, Python, Kubernetes version). Cleans up both
-control planes and tally whatever happens.
+with the input size and the machine (nproc, Python, Kubernetes version), and writes the
+figures as JSON and a picture beside it (``bench/results/replenish.json``, ``.png``). Cleans up
+both control planes and tally whatever happens.
 
 Run: ``.venv/bin/python bench/replenish.py [--deletions 60] [--warmup 5]``.
 """
@@ -40,6 +41,7 @@ sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "e2e")]
 from operator_process import TallyProcess  # noqa: E402
 
 import cluster  # noqa: E402
+from _common import Figure, write_results  # noqa: E402
 
 NAMESPACE = "bench-replenish"
 QUOTA = "q"
@@ -193,6 +195,8 @@ def queue_view(metrics_url: str) -> str:
 
 
 def report(upstream: Side, tally: Side, deletions: int, warmup: int, tally_view: str) -> None:
+    """Print the figures and write them (``bench/results/replenish.json``)."""
+
     def ms(value: float) -> str:
         return f"{value * 1000:8.1f} ms"
 
@@ -214,6 +218,24 @@ def report(upstream: Side, tally: Side, deletions: int, warmup: int, tally_view:
     print(f"ratio tally/upstream: p50 {p50_ratio:.2f}x, p95 {p95_ratio:.2f}x "
           f"({verdict} the target <= {TARGET_RATIO:.1f}x)")  # fmt: skip
     print(f"tally's own view, mean per quota sync (all syncs, warm-up included): {tally_view}")
+    target = f"<= {TARGET_RATIO:.1f}x"
+    write_results(
+        "replenish",
+        {
+            "deletions": deletions,
+            "warmup": warmup,
+            "latencies_s": {side.label: side.latencies for side in (upstream, tally)},
+            "tally_view": tally_view,
+        },
+        [
+            Figure("delete -> used lowered, p50", "ms", rows["tally"][0] * 1000,
+                   rows["upstream"][0] * 1000, target=target),
+            Figure("delete -> used lowered, p95", "ms", rows["tally"][1] * 1000,
+                   rows["upstream"][1] * 1000, target=target),
+            Figure("delete -> used lowered, max", "ms", rows["tally"][2] * 1000,
+                   rows["upstream"][2] * 1000),
+        ],
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ three quotas (no scope; NotTerminating+NotBestEffort; a PriorityClass selector) 
 - ``dict``: the raw API JSON, re-parsed on every call (the baseline without a projection).
 
 It also prints the one-off cost of projecting the pods and the memory both forms take
-(``tracemalloc``), so the projection decision in ``tally/evaluators/pods.py`` stays checked.
+(``tracemalloc``), so the projection decision in ``tally/evaluators/pods.py`` stays checked,
+and writes the figures as JSON and a picture beside it (``bench/results/usage.json``, ``.png``).
 
 Run: ``.venv/bin/python bench/usage.py [--pods N] [--rounds R]``.
 """
@@ -27,6 +28,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+from _common import Figure, write_results
 from tally.evaluators import GroupResource, calculate_quota_usage, new_registry, project_pod
 
 PODS = GroupResource("", "pods")
@@ -234,6 +236,26 @@ def main() -> None:
     )
     verdict = "OK" if p50 < TARGET_MS else "OVER"
     print(f"target: < {TARGET_MS:.0f} ms for 3 quotas on projections: {verdict}")
+    write_results(
+        "usage",
+        {
+            "pods": args.pods,
+            "quotas": [q["metadata"]["name"] for q in QUOTAS],
+            "rounds": args.rounds,
+            "projection_ms": projection_ms,
+            "dict_ms": dict_ms,
+            "project_once_ms": project_ms,
+            "dict_bytes": dict_bytes,
+            "projection_bytes": projection_bytes,
+        },
+        [
+            Figure(f"usage of {args.pods} pods, 3 quotas (p50)", "ms", p50, d50,
+                   reference_name="raw JSON", target=f"< {TARGET_MS:.0f} ms"),
+            Figure(f"projecting {args.pods} pods once", "ms", project_ms, None),
+            Figure("memory of the pods", "MiB", projection_bytes / 2**20, dict_bytes / 2**20,
+                   reference_name="raw JSON"),
+        ],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
