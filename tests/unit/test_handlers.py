@@ -26,3 +26,17 @@ def test_the_diff_base_builds_nothing_and_refuses_to_store() -> None:
     assert storage.fetch(body=body) is None
     with pytest.raises(RuntimeError, match="no change handlers"):
         storage.store(body=body, patch=kopf.Patch(), essence=kopf.BodyEssence())
+
+
+def test_a_failed_start_is_tried_again_within_seconds() -> None:
+    # A replica restarted while the API server is unreachable fails its start. The soak
+    # (bench/soak.py) restarts the API server in 5-20 s on this machine; Kopf's default retry
+    # (60 s) left such a replica unready for a minute after the API server was back.
+    starts = [
+        handler
+        for handler in kopf.get_default_registry()._activities.get_all_handlers()
+        if handler.fn is handlers.start
+    ]
+    assert 1 == len(starts)
+    assert starts[0].backoff is not None
+    assert starts[0].backoff <= 5.0

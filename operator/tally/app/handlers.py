@@ -67,7 +67,13 @@ class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
         raise RuntimeError("tally registers no change handlers; Kopf's diff base is off")
 
 
-@kopf.on.startup()
+STARTUP_RETRY_S = 2.0
+"""Seconds before a failed start (the API server unreachable, a LIST refused) is tried again.
+Kopf's default is 60: a replica restarted while the API server was down stayed unready for a
+minute after it came back."""
+
+
+@kopf.on.startup(backoff=STARTUP_RETRY_S)
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # No Kopf peering: peering is not leader election (no lease, no fencing, and paused peers
     # would still serve webhooks). Which replica runs the controllers is tally's own Lease
@@ -92,12 +98,17 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     except SettingsError as error:
         raise kopf.PermanentError(str(error)) from None
     api = await rest.make_api_client()
+    try:
+        memo.apiserver_version = await rest.server_version(api)
+        logger.info("connected to the API server, version %s", memo.apiserver_version)
+        runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
+        await runtime.start()
+    except BaseException:
+        # Kopf tries again with a fresh client: one left open per attempt would pile up
+        # through a long outage.
+        await api.close()
+        raise
     memo.api = api
-    memo.apiserver_version = await rest.server_version(api)
-    logger.info("connected to the API server, version %s", memo.apiserver_version)
-
-    runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
-    await runtime.start()
     memo.runtime = runtime
 
 
