@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from tally.app.metrics import Metrics
@@ -82,3 +84,15 @@ def test_leader_gauge_follows_leadership() -> None:
     metrics.leading("tally-0_abc", True)
     assert sample(metrics, "tally_leader", identity="tally-0_abc") == 1.0
     assert 'tally_leader{identity="tally-0_abc"} 1.0' in metrics.exposition().decode()
+
+
+def test_webhook_certificate_expiry_is_the_served_certificates_end() -> None:
+    metrics = Metrics()
+    name = "tally_webhook_certificate_expiry_timestamp_seconds"
+    assert 0.0 == sample(metrics, name)  # no certificate loaded yet
+    # 1970 to 2030: 60 years, 15 of them leap years (1972 … 2028): 21 915 days of 86 400 s.
+    metrics.webhook_certificate_loaded(datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC))
+    assert 1_893_456_000.0 == sample(metrics, name)
+    # A renewal moves it: one day later.
+    metrics.webhook_certificate_loaded(datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC))
+    assert 1_893_542_400.0 == sample(metrics, name)

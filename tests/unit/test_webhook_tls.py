@@ -314,6 +314,32 @@ async def test_mounted_files_are_served_and_followed(tmp_path: Path) -> None:
         await server.wait_closed()
 
 
+async def test_on_load_is_told_each_served_certificates_end(tmp_path: Path) -> None:
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    ca, ca_key = certs.new_ca(now, 90 * MINUTE)
+    mount = tmp_path / "mount"
+
+    def mount_valid_for(minutes: int) -> None:
+        cert, key = certs.new_serving_certificate(ca, ca_key, HOSTS, now, minutes * MINUTE)
+        _mount(mount, Material(cas=(ca,), ca_key=None, cert=cert, key=key))
+
+    loaded: list[datetime.datetime] = []
+    mount_valid_for(30)
+    tls = ServingTLS(
+        MountedSource(mount), hosts=HOSTS, policy=POLICY, directory=tmp_path / "t",
+        on_load=loaded.append,
+    )  # fmt: skip
+    await tls.load()
+    assert [now + 30 * MINUTE] == loaded
+    # The same files again: nothing new is loaded, nothing reported.
+    await tls.check()
+    assert [now + 30 * MINUTE] == loaded
+    # Replaced by a certificate valid for 45 minutes: loaded, and reported.
+    mount_valid_for(45)
+    await tls.check()
+    assert [now + 30 * MINUTE, now + 45 * MINUTE] == loaded
+
+
 @pytest.mark.parametrize(
     ("hosts", "message"),
     [

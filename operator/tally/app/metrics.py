@@ -13,7 +13,11 @@
   ``tally_admission_charges_late_total``, the confirmation latency and the age of the oldest
   pending charge;
 * leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
-  holds the Lease, or runs without election), else 0; the sum over replicas should be 1.
+  holds the Lease, or runs without election), else 0; the sum over replicas should be 1;
+* the webhook server's certificate: ``tally_webhook_certificate_expiry_timestamp_seconds``, the
+  notAfter (Unix time) of the certificate it presents now, set whenever one is loaded (at
+  start-up, after a renewal, after someone else replaced it), so an alert sees a renewal that
+  stopped happening.
 
 Served by aiohttp (already Kopf's server library) on the operator's own loop rather than
 prometheus-client's threaded HTTP server: tally keeps threads out of the process.
@@ -21,6 +25,7 @@ prometheus-client's threaded HTTP server: tally keeps threads out of the process
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -149,6 +154,12 @@ class Metrics:
             ["identity"],
             registry=self.registry,
         )
+        self.webhook_certificate_expiry = Gauge(
+            "tally_webhook_certificate_expiry_timestamp_seconds",
+            "notAfter, as Unix time, of the serving certificate the webhook server presents "
+            "(0 until one is loaded).",
+            registry=self.registry,
+        )
         # The label sets exported per quota, so that names dropped from a quota (or a deleted
         # quota) stop being exported instead of keeping their last value forever.
         self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
@@ -250,6 +261,12 @@ class Metrics:
 
     def leading(self, identity: str, leading: bool) -> None:
         self.leader.labels(identity).set(1 if leading else 0)
+
+    # -- tally.webhook.tls.ServingTLS
+
+    def webhook_certificate_loaded(self, not_after: datetime.datetime) -> None:
+        """The webhook server presents, from now on, a certificate valid until ``not_after``."""
+        self.webhook_certificate_expiry.set(not_after.timestamp())
 
     # -- serving
 

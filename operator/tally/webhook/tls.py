@@ -256,7 +256,8 @@ class ServingTLS:
     """The webhook server's certificate, from :meth:`load` on; kept current after :meth:`start`.
 
     ``material`` is what the server presents; ``context`` is the server's ``SSLContext`` (hand
-    it to the server once, it is reloaded in place).
+    it to the server once, it is reloaded in place). ``on_load`` is called with the notAfter of
+    each certificate loaded into the context.
     """
 
     def __init__(
@@ -269,6 +270,7 @@ class ServingTLS:
         client_ca: str = "",
         check_period: float = 60.0,
         clock: Callable[[], datetime.datetime] = _utc_now,
+        on_load: Callable[[datetime.datetime], None] | None = None,
     ) -> None:
         self.source = source
         self.hosts = tuple(dict.fromkeys(hosts))
@@ -276,6 +278,9 @@ class ServingTLS:
         self.directory = directory
         self.check_period = check_period
         self._clock = clock
+        self._on_load = on_load
+        """Told the notAfter of every certificate loaded into ``context`` (the expiry gauge:
+        what the server presents, not what is stored, which may not have been loaded)."""
         self.context = server_context(client_ca)
         self.material: Material | None = None
         """What the server presents (loaded into ``context``); None before :meth:`load`."""
@@ -473,6 +478,8 @@ class ServingTLS:
         _write(self.directory / certs.CA_CRT, material.ca_bundle, 0o644)
         self.context.load_cert_chain(self.directory / certs.TLS_CRT, self.directory / certs.TLS_KEY)
         self.material = material
+        if self._on_load is not None:
+            self._on_load(material.cert.not_valid_after_utc)
 
 
 def _certificates(pem: bytes) -> list[x509.Certificate]:
