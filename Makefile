@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 CONFORMANCE_ARGS ?=
+BENCHMARKS := usage scale replenish admission podset clusterquota measures measures_admission
 
-.PHONY: install binaries helm floor prometheus run test unit e2e conformance lint format down clean
+.PHONY: install binaries helm floor prometheus run test unit e2e conformance bench lint format down clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,18 @@ e2e: binaries helm prometheus
 # and against upstream's own quota system; fails if tally fails a spec upstream passes.
 conformance: binaries
 	$(PY) hack/conformance.py $(CONFORMANCE_ARGS)
+
+# Every benchmark in turn at its default sizes (docs/performance.md), each writing
+# bench/results/<name>.json and the picture beside it, then every picture drawn again by
+# bench/plot.py. A benchmark that misses a target exits 1: the others still run, the pictures
+# are still drawn, and `make bench` fails at the end naming it.
+bench: binaries floor
+	@failed=""; for name in $(BENCHMARKS); do \
+		echo "== bench/$$name.py"; \
+		$(PY) bench/$$name.py || failed="$$failed $$name"; \
+	done; \
+	$(PY) bench/plot.py; \
+	if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
