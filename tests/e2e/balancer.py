@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,8 @@ class RoundRobinBalancer:
         self._server: asyncio.Server | None = None
         self._next = 0
         self._pipes: set[asyncio.Task[None]] = set()
+        self._open: set[asyncio.StreamWriter] = set()
+        """Both ends of every connection passed through now: what :meth:`cut` breaks."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -39,6 +42,18 @@ class RoundRobinBalancer:
         for task in list(self._pipes):
             task.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def _closed(self, end: asyncio.StreamWriter, _: asyncio.Task[None]) -> None:
+        self._open.discard(end)
+
+    def cut(self) -> int:
+        """Break every established connection at once, as a node or a proxy that goes away
+        does: both ends are aborted (a reset, not a polite close), mid-request or idle. New
+        connections are accepted as before. Returns how many connections were cut."""
+        ends = list(self._open)
+        for end in ends:
+            end.transport.abort()
+        return len(ends) // 2
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         backends = self.backends()
@@ -53,10 +68,12 @@ class RoundRobinBalancer:
         except OSError:
             writer.close()
             return
+        self._open.update((writer, upstream_writer))
         for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
             task = asyncio.create_task(_pipe(source, sink))
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
+            task.add_done_callback(functools.partial(self._closed, sink))
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
