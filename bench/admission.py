@@ -1,42 +1,70 @@
-"""Benchmark: pod creates under a quota, 20 concurrent clients — tally's webhook against upstream.
+"""Benchmark: pod creates under a quota — tally's webhook against upstream and against the floor.
 
-Starts two local control planes with ``hack/cluster.py`` (temporary directories): reference mode
-(upstream's ResourceQuota admission plugin inside kube-apiserver) and operator mode with tally
-running as a subprocess (``kopf run operator/main.py``, as the e2e tests run it) and its webhook
-registered. On each, one namespace holds one quota (``pods: 100000``, ``requests.cpu: 100k``,
-``requests.memory: 100Ti``) whose status has been filled in, so every create is charged.
+Starts local control planes with ``hack/cluster.py`` (temporary directories): reference mode
+(upstream's ResourceQuota admission plugin inside kube-apiserver, the *upstream* side) and
+operator mode with tally running as a subprocess (``kopf run operator/main.py``, as the e2e tests
+run it, with mutual TLS) and its webhook registered (the *tally* side). On each, one namespace
+holds one quota (``pods: 100000``, ``requests.cpu: 100k``, ``requests.memory: 100Ti``) whose
+status has been filled in, so every create is charged.
 
-``--creates`` pod creates per side (default 1 000) come from ``--clients`` concurrent clients
-(default 20): each client sends its next create as soon as the previous one is answered. The
-creates run in ``--blocks`` blocks per side, alternating which side goes first, so that the
-background load of this shared machine hits both sides alike; a warm-up block per side is not
-counted. Latency is per request (from sending the create to its answer); throughput is creates
-per second of block wall time. After the run, each quota's ``status.used.pods`` must equal the
-number of pods created (every create charged exactly once).
+The *floor* side (modes ``floor`` and ``open``) is a third, operator-mode control plane without
+tally, where the floor webhook (``hack/floor``: Go, standard library only, built on demand by
+``hack/floor.py``) is registered for pod creates with tally's failurePolicy, timeout,
+sideEffects, matchPolicy and namespaceSelector, over TLS with mutual TLS as tally runs: what a
+webhook costs when it does no admission work. Its namespace has no quota (nothing there would
+read one). The floor offers HTTP/2, which the API server's webhook client takes; tally's aiohttp
+server speaks HTTP/1.1 only, and ``--floor-http1`` makes the floor do the same.
 
-Prints p50 / p95 / p99 / max and throughput per side, tally's ratios to upstream (targets:
-p99 <= 1.2x, throughput >= 1.0x), a few of tally's own admission metrics, the input
-size and the machine. Cleans up both control planes and tally whatever happens.
+Modes (``--mode``, repeatable; default ``closed``):
 
-Run: ``.venv/bin/python bench/admission.py [--creates 1000] [--clients 20]``.
+* ``closed``: ``--creates`` pod creates per side (default 1 000) from ``--clients`` concurrent
+  clients (default 20), each sending its next create as soon as the previous one is answered,
+  upstream and tally. Throughput is creates per second of block wall time.
+* ``floor``: the same closed loop with the floor side as well; prints tally / floor.
+* ``open``: ``--open-creates`` creates per side (default 2 000) sent at Poisson arrival times at
+  ``--rate`` per second (default: ``--rate-fraction``, 50 %, of upstream's closed-loop throughput
+  measured in the same run, by a closed loop of its own if no closed mode ran), each at its own
+  time whatever the answers do; latency from each create's *scheduled* send time (no coordinated
+  omission, ``bench/_open_loop.py``). Upstream, floor and tally; p50 / p99 / p99.9.
+
+Every mode runs in ``--blocks`` blocks per side, rotating which side goes first, so that the
+background load of this shared machine hits every side alike, after an uncounted warm-up of
+``2 * clients`` creates per side. CPU per admitted create per process (kube-apiserver, etcd,
+kube-controller-manager, and tally or the floor webhook) is read from ``/proc`` around the
+measured blocks. After the run, tally's and upstream's quota ``status.used.pods`` must equal the
+pods admitted (every create charged exactly once), and the floor must have answered a review for
+every create admitted after its registration took effect.
+
+Writes ``bench/results/admission.json`` and its picture (or ``--results``) with the figures of
+the modes that ran. Cleans up every control plane, tally and the floor whatever happens.
+
+Run: ``.venv/bin/python bench/admission.py [--mode closed|floor|open ...] [--creates 1000]
+[--clients 20] [--open-creates 2000] [--rate R]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
-import statistics
+import datetime
+import queue
+import random
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from _common import (
+    Figure,
     Raw,
     api_client,
     cluster,
@@ -45,31 +73,107 @@ from _common import (
     machine,
     operator_process,
     percentile,
+    write_results,
 )
+from _open_loop import open_loop, poisson_offsets, split
+from tally.webhook.certs import new_material
+from tally.webhook.configuration import validating_webhook_configuration
 
 NAMESPACE = "bench-admission"
 QUOTA = "q"
 HARD = {"pods": "100000", "requests.cpu": "100k", "requests.memory": "100Ti"}
 IMAGE = "registry.example/app:1"
-TARGET_P99_RATIO = 1.2
-TARGET_THROUGHPUT_RATIO = 1.0
 WAIT_S = 60.0
+MODES = ("closed", "floor", "open")
+
+FLOOR_CONFIGURATION = "floor.tally.dev"
+POD_CREATE_RULE = {
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["pods"],
+    "operations": ["CREATE"],
+    "scope": "Namespaced",
+}
+
+# Targets of issue 16: against the floor in a closed loop, against upstream in the open loop.
+TARGET_THROUGHPUT_VS_FLOOR = 0.7
+TARGET_P99_VS_FLOOR = 1.5
+TARGET_OPEN_P99_VS_UPSTREAM = 1.5
+TARGET_TALLY_CPU_MS = 0.6
+
+OPEN_POOL = 64
+"""Connections per side's client: enough that an open loop at half of upstream's capacity never
+waits for one unless the side stalls (a wait for a connection then counts in the latency, as
+the scheduled time is the start)."""
+
+
+def pod_body(index: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"p{index:05d}", "labels": {"app": "bench"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": IMAGE,
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                }
+            ]
+        },
+    }
+
+
+@dataclass
+class Measured:
+    """The recorded blocks of one mode on one side."""
+
+    latencies: list[float] = field(default_factory=list)
+    busy_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    send_lags: list[float] = field(default_factory=list)
+    """Open loop only: how late each create was sent against its schedule."""
+
+    def add_cpu(self, before: dict[str, float], after: dict[str, float]) -> None:
+        for name, value in after.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + value - before[name]
+
+    def summary(self) -> dict[str, Any]:
+        values = self.latencies
+        admitted = len(values)
+        per_create = {name: s / admitted * 1000 for name, s in self.cpu_s.items()}
+        summary: dict[str, Any] = {
+            "creates": admitted,
+            "throughput_per_s": admitted / self.busy_s,
+            "p50_ms": percentile(values, 0.50) * 1000,
+            "p95_ms": percentile(values, 0.95) * 1000,
+            "p99_ms": percentile(values, 0.99) * 1000,
+            "p99_9_ms": percentile(values, 0.999) * 1000,
+            "max_ms": max(values) * 1000,
+            "cpu_ms_per_create": per_create,
+            "cpu_ms_per_create_total": sum(per_create.values()),
+        }
+        if self.send_lags:
+            summary["send_lag_p99_ms"] = percentile(self.send_lags, 0.99) * 1000
+            summary["send_lag_max_ms"] = max(self.send_lags) * 1000
+        return summary
 
 
 class Side:
-    def __init__(self, label: str, api: client.ApiClient, pids: dict[str, int]) -> None:
+    def __init__(
+        self, label: str, api: client.ApiClient, pids: dict[str, int], *, quota: bool
+    ) -> None:
         self.label = label
         self.api = api
         self.pids = pids
         """The processes that serve this side, whose CPU time the measured blocks count."""
-        self.cpu_s: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.quota = quota
         self.raw = Raw(api)
-        self.latencies: list[float] = []
-        self.busy_s = 0.0
         self.created = 0
+        """Creates sent (also the next pod's number)."""
         self.failures: list[str] = []
         self.charged = -1
         """The quota's ``status.used.pods`` after the run."""
+        self.measured: dict[str, Measured] = {}
+        """Per mode: ``closed`` (also the floor mode's closed loop) and ``open``."""
 
     async def prepare(self) -> None:
         await self.raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
@@ -78,6 +182,8 @@ class Side:
             lambda page: any(a["metadata"]["name"] == "default" for a in page["items"]),
             "the default service account",
         )
+        if not self.quota:
+            return
         await self.raw.call(
             "POST",
             f"/api/v1/namespaces/{NAMESPACE}/resourcequotas",
@@ -103,46 +209,52 @@ class Side:
                 raise RuntimeError(f"{self.label}: timed out waiting for {what}: {answer}")
             await asyncio.sleep(0.1)
 
-    async def block(self, creates: int, clients: int, *, record: bool) -> None:
-        """``creates`` pod creates from ``clients`` concurrent clients."""
+    async def create(self, _: int = 0) -> bool:
+        """One pod create; whether it was admitted (a refusal is recorded)."""
+        index = self.created
+        self.created += 1
+        try:
+            await self.raw.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_body(index))
+        except client.ApiException as error:
+            self.failures.append(f"{error.status}: {error.body!r}"[:300])
+            return False
+        return True
+
+    def _cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    async def closed_block(self, creates: int, clients: int, record: Measured | None) -> float:
+        """``creates`` pod creates from ``clients`` concurrent clients; the block's creates/s."""
         remaining = creates
+        latencies: list[float] = []
 
         async def one_client() -> None:
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
-                index = self.created
-                self.created += 1
-                body = {
-                    "metadata": {"name": f"p{index:05d}", "labels": {"app": "bench"}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "app",
-                                "image": IMAGE,
-                                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                            }
-                        ]
-                    },
-                }
                 started = time.perf_counter()
-                try:
-                    await self.raw.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
-                except client.ApiException as error:
-                    self.failures.append(f"{error.status}: {error.body!r}"[:300])
-                    continue
-                if record:
-                    self.latencies.append(time.perf_counter() - started)
+                if await self.create():
+                    latencies.append(time.perf_counter() - started)
 
-        cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        cpu_before = self._cpu()
         started = time.perf_counter()
         async with asyncio.TaskGroup() as group:
             for _ in range(clients):
                 group.create_task(one_client())
-        if record:
-            self.busy_s += time.perf_counter() - started
-            for name, pid in self.pids.items():
-                self.cpu_s[name] += cpu_seconds(pid) - cpu_before[name]
+        elapsed = time.perf_counter() - started
+        if record is not None:
+            record.busy_s += elapsed
+            record.latencies += latencies
+            record.add_cpu(cpu_before, self._cpu())
+        return len(latencies) / elapsed
+
+    async def open_block(self, offsets: list[float], record: Measured) -> None:
+        cpu_before = self._cpu()
+        loop = await open_loop(offsets, self.create)
+        record.add_cpu(cpu_before, self._cpu())
+        record.busy_s += loop.wall_s
+        record.latencies += loop.latencies
+        record.send_lags += loop.send_lags
 
     async def charged_pods(self) -> int:
         """The quota's ``status.used.pods`` as it stands."""
@@ -151,39 +263,199 @@ class Side:
         return int(quota["status"]["used"]["pods"])
 
 
+def ensure_floor() -> Path:
+    """The floor webhook's binary, built into the cache first if needed."""
+    # hack/floor.py: on sys.path once _common is imported, which isort would put after it.
+    import floor
+
+    return floor.ensure_floor()
+
+
+class FloorWebhook:
+    """The floor webhook as a subprocess, serving a fresh certificate for 127.0.0.1 and
+    requiring the API server's client certificate (``client_ca``)."""
+
+    def __init__(self, directory: Path, client_ca: Path, *, http1: bool = False) -> None:
+        self.directory = directory
+        self.client_ca = client_ca
+        self.http1 = http1
+        material = new_material(["127.0.0.1"], datetime.datetime.now(datetime.UTC))
+        (directory / "tls.crt").write_bytes(material.cert_pem)
+        (directory / "tls.key").write_bytes(material.key_pem)
+        self.ca_bundle = base64.b64encode(material.ca_bundle).decode()
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.first_review = threading.Event()
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.stats = ""
+        """The floor's last words: reviews answered, by protocol."""
+
+    def start(self) -> None:
+        binary = ensure_floor()
+        self.process = subprocess.Popen(
+            [str(binary), "-listen", "127.0.0.1:0", "-cert", str(self.directory / "tls.crt"),
+             "-key", str(self.directory / "tls.key"), "-client-ca", str(self.client_ca),
+             *(["-http1"] if self.http1 else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            line = self._lines.get(timeout=30)
+        except queue.Empty:
+            raise RuntimeError("the floor webhook did not start within 30 s") from None
+        if not line.startswith("serving on "):
+            _, stderr = self.process.communicate(timeout=10)
+            raise RuntimeError(f"the floor webhook did not start: {line}{stderr}")
+        self.url = line.removeprefix("serving on ").strip()
+
+    def _read(self) -> None:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("first review"):
+                self.first_review.set()
+            else:
+                self._lines.put(line)
+        self._lines.put("")  # end of output: the floor exited
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            _, stderr = self.process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, stderr = self.process.communicate()
+        self.stats = stderr.strip()
+
+    @property
+    def allowed(self) -> int:
+        """Reviews the floor answered, from its last words; -1 if it said nothing."""
+        for line in self.stats.splitlines():
+            if line.startswith("floor: ") and "reviews allowed" in line:
+                return int(line.split()[1])
+        return -1
+
+    def configuration(self) -> dict[str, Any]:
+        """tally's registration (fixed fields and namespaceSelector), for pod creates only and
+        pointing at the floor."""
+        configuration = validating_webhook_configuration(
+            name=FLOOR_CONFIGURATION, url=self.url, ca_bundle=self.ca_bundle,
+            rules=[POD_CREATE_RULE], labels={"app.kubernetes.io/name": "floor"},
+        )  # fmt: skip
+        quota_webhook = configuration["webhooks"][0]
+        configuration["webhooks"] = [{**quota_webhook, "name": FLOOR_CONFIGURATION}]
+        return configuration
+
+
+async def register_floor(side: Side, floor: FloorWebhook) -> int:
+    """Register the floor on ``side``'s API server and create pods one at a time until the floor
+    answers one; the creates sent before that one (never reviewed)."""
+    await side.raw.call(
+        "POST",
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+        floor.configuration(),
+    )
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        before = side.created
+        if not await side.create():
+            raise RuntimeError(f"floor: a create was refused: {side.failures[-1]}")
+        # The floor prints before it answers; its reader thread may be a moment behind.
+        if await asyncio.to_thread(floor.first_review.wait, 1.0):
+            return before
+        if time.monotonic() > deadline:
+            raise RuntimeError("the API server never called the floor webhook")
+
+
+@dataclass
+class Run:
+    modes: list[str]
+    creates: int
+    clients: int
+    blocks: int
+    open_creates: int
+    rate: float | None
+    rate_fraction: float
+    seed: int
+    floor_http1: bool
+    capacity: float = 0.0
+    """Upstream's closed-loop creates/s, which the open loop's default rate is a fraction of."""
+    rate_used: float = 0.0
+    floor_unreviewed: int = 0
+
+
 async def measure(
+    run: Run,
     reference: cluster.State,
     operator: cluster.State,
     tally_pid: int,
-    creates: int,
-    clients: int,
-    blocks: int,
-) -> tuple[Side, Side]:
-    upstream = Side(
-        "upstream", await api_client(reference.kubeconfig, pool=clients + 10), reference.pids
-    )
-    tally = Side(
-        "tally",
-        await api_client(operator.kubeconfig, pool=clients + 10),
-        {**operator.pids, "tally": tally_pid},
-    )
-    sides = (upstream, tally)
+    floor_plane: cluster.State | None,
+    floor: FloorWebhook | None,
+) -> list[Side]:
+    pool = max(run.clients + 10, OPEN_POOL)
+    sides = [
+        Side("upstream", await api_client(reference.kubeconfig, pool=pool), reference.pids,
+             quota=True),
+    ]  # fmt: skip
+    if floor_plane is not None and floor is not None:
+        sides.append(
+            Side("floor", await api_client(floor_plane.kubeconfig, pool=pool),
+                 {**floor_plane.pids, "floor": floor.process.pid if floor.process else 0},
+                 quota=False)
+        )  # fmt: skip
+    sides.append(
+        Side("tally", await api_client(operator.kubeconfig, pool=pool),
+             {**operator.pids, "tally": tally_pid}, quota=True)
+    )  # fmt: skip
+    by_label = {side.label: side for side in sides}
     try:
         await asyncio.gather(*(side.prepare() for side in sides))
+        if floor is not None:
+            run.floor_unreviewed = await register_floor(by_label["floor"], floor)
         for side in sides:
-            await side.block(clients * 2, clients, record=False)
-        per_block = [creates // blocks + (1 if i < creates % blocks else 0) for i in range(blocks)]
-        for index, count in enumerate(per_block):
-            order = sides if index % 2 == 0 else sides[::-1]
-            for side in order:
-                await side.block(count, clients, record=True)
-            print(f"  block {index + 1}/{blocks} done", file=sys.stderr, flush=True)
+            await side.closed_block(run.clients * 2, run.clients, None)
+
+        def rotated(index: int) -> list[Side]:
+            shift = index % len(sides)
+            return sides[shift:] + sides[:shift]
+
+        if "closed" in run.modes or "floor" in run.modes:
+            for side in sides:
+                side.measured["closed"] = Measured()
+            for index, count in enumerate(split(run.creates, run.blocks)):
+                for side in rotated(index):
+                    await side.closed_block(count, run.clients, side.measured["closed"])
+                print(f"  closed loop: block {index + 1}/{run.blocks} done", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            run.capacity = by_label["upstream"].measured["closed"].summary()["throughput_per_s"]
+
+        if "open" in run.modes:
+            if run.rate is None and not run.capacity:
+                # No closed loop ran: measure upstream's capacity the same way, unrecorded.
+                run.capacity = await by_label["upstream"].closed_block(
+                    run.creates, run.clients, None
+                )
+            run.rate_used = run.rate or run.capacity * run.rate_fraction
+            print(f"  open loop at {run.rate_used:.1f} creates/s (upstream's closed-loop "
+                  f"capacity {run.capacity:.1f}/s)", file=sys.stderr, flush=True)  # fmt: skip
+            for side in sides:
+                side.measured["open"] = Measured()
+            for index, count in enumerate(split(run.open_creates, run.blocks)):
+                # Every side gets the same schedule within a block.
+                offsets = poisson_offsets(run.rate_used, count, random.Random(run.seed + index))
+                for side in rotated(index):
+                    await side.open_block(offsets, side.measured["open"])
+                print(f"  open loop: block {index + 1}/{run.blocks} done", file=sys.stderr,
+                      flush=True)  # fmt: skip
         for side in sides:
-            side.charged = await side.charged_pods()
+            if side.quota:
+                side.charged = await side.charged_pods()
     finally:
         for side in sides:
             await side.api.close()
-    return upstream, tally
+    return sides
 
 
 CONFIRMATION_BUCKET = "tally_admission_charge_confirmation_seconds_bucket"
@@ -231,37 +503,125 @@ def confirmation_quantile(metrics: dict[str, float], fraction: float) -> str:
     return "n/a"
 
 
-def report(
-    upstream: Side, tally: Side, creates: int, clients: int, blocks: int, metrics: dict[str, float]
-) -> bool:
-    def ms(value: float) -> str:
-        return f"{value * 1000:7.1f} ms"
+def verdict(ok: bool) -> str:
+    return "meets" if ok else "misses"
 
-    print(f"admission: {creates} pod creates per side from {clients} concurrent clients in "
-          f"{blocks} alternating blocks (+{clients * 2} warm-up), one namespace, one quota "
-          f"({', '.join(f'{k}: {v}' for k, v in HARD.items())})")  # fmt: skip
-    print(f"machine: {machine()}")
-    print(f"{'':10}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'throughput':>14}")
-    rows: dict[str, tuple[float, float, float, float]] = {}
-    for side in (upstream, tally):
-        values = side.latencies
-        throughput = len(values) / side.busy_s
-        rows[side.label] = (
-            statistics.median(values),
-            percentile(values, 0.95),
-            percentile(values, 0.99),
-            throughput,
+
+def ms(value: float) -> str:
+    return f"{value:7.1f} ms"
+
+
+def report_closed(summaries: dict[str, dict[str, Any]]) -> list[Figure]:
+    print(f"{'closed':10}{'p50':>11}{'p95':>11}{'p99':>11}{'max':>11}{'throughput':>14}")
+    for label, s in summaries.items():
+        print(f"{label:10}{ms(s['p50_ms']):>11}{ms(s['p95_ms']):>11}{ms(s['p99_ms']):>11}"
+              f"{ms(s['max_ms']):>11}{s['throughput_per_s']:>10.1f} /s")  # fmt: skip
+    tally, upstream = summaries["tally"], summaries["upstream"]
+    print(f"ratio tally/upstream: p50 {tally['p50_ms'] / upstream['p50_ms']:.2f}x, p99 "
+          f"{tally['p99_ms'] / upstream['p99_ms']:.2f}x, throughput "
+          f"{tally['throughput_per_s'] / upstream['throughput_per_s']:.2f}x")  # fmt: skip
+    figures = [
+        Figure("closed loop: throughput", "creates/s", tally["throughput_per_s"],
+               upstream["throughput_per_s"], better="higher"),
+        Figure("closed loop: p99", "ms", tally["p99_ms"], upstream["p99_ms"]),
+        Figure("closed loop: CPU per create, whole side", "ms",
+               tally["cpu_ms_per_create_total"], upstream["cpu_ms_per_create_total"]),
+    ]  # fmt: skip
+    floor = summaries.get("floor")
+    if floor is None:
+        return figures
+    throughput = tally["throughput_per_s"] / floor["throughput_per_s"]
+    p99 = tally["p99_ms"] / floor["p99_ms"]
+    print(f"ratio tally/floor: p50 {tally['p50_ms'] / floor['p50_ms']:.2f}x, p99 {p99:.2f}x "
+          f"({verdict(p99 <= TARGET_P99_VS_FLOOR)} <= {TARGET_P99_VS_FLOOR}x), throughput "
+          f"{throughput:.2f}x ({verdict(throughput >= TARGET_THROUGHPUT_VS_FLOOR)} >= "
+          f"{TARGET_THROUGHPUT_VS_FLOOR}x); floor/upstream: throughput "
+          f"{floor['throughput_per_s'] / upstream['throughput_per_s']:.2f}x, p99 "
+          f"{floor['p99_ms'] / upstream['p99_ms']:.2f}x")  # fmt: skip
+    tally_cpu, floor_cpu = tally["cpu_ms_per_create"], floor["cpu_ms_per_create"]
+    webhook = tally_cpu["tally"]
+    print(f"webhook CPU per create: tally {webhook:.2f} ms "
+          f"({verdict(webhook <= TARGET_TALLY_CPU_MS)} <= {TARGET_TALLY_CPU_MS} ms), floor "
+          f"{floor_cpu['floor']:.2f} ms")  # fmt: skip
+    figures += [
+        Figure("closed loop: throughput vs floor", "creates/s", tally["throughput_per_s"],
+               floor["throughput_per_s"], reference_name="floor", better="higher",
+               target=f">= {TARGET_THROUGHPUT_VS_FLOOR}x"),
+        Figure("closed loop: p99 vs floor", "ms", tally["p99_ms"], floor["p99_ms"],
+               reference_name="floor", target=f"<= {TARGET_P99_VS_FLOOR}x"),
+        Figure("closed loop: webhook CPU per create", "ms", webhook, floor_cpu["floor"],
+               reference_name="floor", target=f"tally <= {TARGET_TALLY_CPU_MS} ms"),
+        Figure("closed loop: kube-apiserver CPU per create", "ms",
+               tally_cpu["kube-apiserver"], floor_cpu["kube-apiserver"], reference_name="floor"),
+        Figure("closed loop: etcd CPU per create", "ms", tally_cpu["etcd"], floor_cpu["etcd"],
+               reference_name="floor"),
+    ]  # fmt: skip
+    return figures
+
+
+def report_open(summaries: dict[str, dict[str, Any]], rate: float) -> list[Figure]:
+    print(f"{'open':10}{'p50':>11}{'p99':>11}{'p99.9':>11}{'max':>11}{'achieved':>14}"
+          f"{'send lag p99':>14}")  # fmt: skip
+    for label, s in summaries.items():
+        print(f"{label:10}{ms(s['p50_ms']):>11}{ms(s['p99_ms']):>11}{ms(s['p99_9_ms']):>11}"
+              f"{ms(s['max_ms']):>11}{s['throughput_per_s']:>10.1f} /s"
+              f"{ms(s['send_lag_p99_ms']):>14}")  # fmt: skip
+    tally, upstream = summaries["tally"], summaries["upstream"]
+    keys = (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p99_9_ms"))
+    for name, reference in (("upstream", upstream), ("floor", summaries.get("floor"))):
+        if reference is None:
+            continue
+        ratios = ", ".join(
+            f"{key} {tally[field_] / reference[field_]:.2f}x" for key, field_ in keys
         )
-        p50, p95, p99, _ = rows[side.label]
-        print(f"{side.label:10}{ms(p50):>11}{ms(p95):>11}{ms(p99):>11}{ms(max(values)):>11}"
-              f"{throughput:>10.1f} /s")  # fmt: skip
-    ratios = [rows["tally"][i] / rows["upstream"][i] for i in range(4)]
-    p99_ok = ratios[2] <= TARGET_P99_RATIO
-    throughput_ok = ratios[3] >= TARGET_THROUGHPUT_RATIO
-    print(f"ratio tally/upstream: p50 {ratios[0]:.2f}x, p95 {ratios[1]:.2f}x, "
-          f"p99 {ratios[2]:.2f}x ({'meets' if p99_ok else 'misses'} <= {TARGET_P99_RATIO}x), "
-          f"throughput {ratios[3]:.2f}x "
-          f"({'meets' if throughput_ok else 'misses'} >= {TARGET_THROUGHPUT_RATIO}x)")  # fmt: skip
+        print(f"open loop at {rate:.1f}/s, ratio tally/{name}: {ratios}")
+    p99 = tally["p99_ms"] / upstream["p99_ms"]
+    print(f"open loop p99 tally/upstream {p99:.2f}x ({verdict(p99 <= TARGET_OPEN_P99_VS_UPSTREAM)}"
+          f" <= {TARGET_OPEN_P99_VS_UPSTREAM}x)")  # fmt: skip
+    figures = [
+        Figure(f"open loop: {key}", "ms", tally[field_], upstream[field_],
+               target=f"<= {TARGET_OPEN_P99_VS_UPSTREAM}x" if key == "p99" else None)
+        for key, field_ in keys
+    ]  # fmt: skip
+    floor = summaries.get("floor")
+    if floor is not None:
+        figures += [
+            Figure(f"open loop: {key} vs floor", "ms", tally[field_], floor[field_],
+                   reference_name="floor")
+            for key, field_ in keys[1:]
+        ]  # fmt: skip
+    return figures
+
+
+def report(run: Run, sides: list[Side], metrics: dict[str, float], floor: FloorWebhook | None,
+           results: Path | None) -> bool:  # fmt: skip
+    print(f"admission: modes {', '.join(run.modes)}; closed loop {run.creates} pod creates per "
+          f"side from {run.clients} clients, open loop {run.open_creates} per side, in "
+          f"{run.blocks} rotating blocks (+{run.clients * 2} warm-up); one namespace, one quota "
+          f"({', '.join(f'{k}: {v}' for k, v in HARD.items())}) on upstream's and tally's "
+          f"sides")  # fmt: skip
+    print(f"machine: {machine()}")
+    figures: list[Figure] = []
+    result: dict[str, Any] = {
+        "modes": run.modes, "clients": run.clients, "creates": run.creates,
+        "open_creates": run.open_creates, "blocks": run.blocks, "floor_http1": run.floor_http1,
+    }  # fmt: skip
+    for mode in ("closed", "open"):
+        summaries = {s.label: s.measured[mode].summary() for s in sides if mode in s.measured}
+        if not summaries:
+            continue
+        result[mode] = summaries
+        if mode == "closed":
+            figures += report_closed(summaries)
+        else:
+            result["open_rate_per_s"] = run.rate_used
+            result["upstream_capacity_per_s"] = run.capacity
+            figures += report_open(summaries, run.rate_used)
+        # On a shared 2-core machine a side is as fast as the CPU its processes need per create.
+        for label, s in summaries.items():
+            parts = ", ".join(f"{name} {v:.2f}" for name, v in s["cpu_ms_per_create"].items())
+            print(f"{mode} loop, {label} CPU per create: {s['cpu_ms_per_create_total']:.2f} ms "
+                  f"({parts})")  # fmt: skip
     count = metrics.get("tally_admission_duration_seconds_count", 0.0)
     batches = metrics.get("tally_admission_batch_size_count", 0.0)
     if count and batches:
@@ -277,40 +637,87 @@ def report(
           f"{confirmation_quantile(metrics, 0.999)}), "
           f"{metrics.get('tally_admission_charges_released_total', 0):.0f} released, "
           f"{metrics.get('tally_admission_charges_late_total', 0):.0f} late")  # fmt: skip
-    # On a shared 2-core machine a side is as fast as the CPU its processes need per create.
-    for side in (upstream, tally):
-        per_create = {
-            name: seconds / len(side.latencies) * 1000 for name, seconds in side.cpu_s.items()
-        }
-        parts = ", ".join(f"{name} {value:.2f}" for name, value in per_create.items())
-        print(f"{side.label} CPU per create: {sum(per_create.values()):.2f} ms ({parts})")
     ok = True
-    for side in (upstream, tally):
-        charged = side.charged
+    checks: dict[str, Any] = {}
+    for side in sides:
         admitted = side.created - len(side.failures)
-        print(f"{side.label}: {admitted} pods admitted, {len(side.failures)} refused, quota "
-              f"status.used.pods {charged}")  # fmt: skip
+        checks[side.label] = {"admitted": admitted, "refused": len(side.failures)}
+        if side.quota:
+            checks[side.label]["charged"] = side.charged
+            print(f"{side.label}: {admitted} pods admitted, {len(side.failures)} refused, quota "
+                  f"status.used.pods {side.charged}")  # fmt: skip
+            ok = ok and side.charged == admitted
+        else:
+            print(f"{side.label}: {admitted} pods admitted, {len(side.failures)} refused")
         for failure in side.failures[:5]:
             print(f"  refused: {failure}")
-        ok = ok and charged == admitted and not side.failures
+        ok = ok and not side.failures
+    if floor is not None:
+        floor_side = next(side for side in sides if side.label == "floor")
+        reviewed = floor_side.created - run.floor_unreviewed
+        checks["floor"]["reviewed_by_floor"] = floor.allowed
+        print(f"floor webhook: {floor.stats or 'no report'}; {reviewed} creates sent after its "
+              f"registration took effect")  # fmt: skip
+        # Each of those creates passed the floor (the API server does not retry a webhook call
+        # that was answered, so the counts are equal).
+        ok = ok and floor.allowed == reviewed
+    result["checks"] = checks
+    if floor is not None:
+        result["floor_webhook"] = floor.stats
     if not ok:
-        print("ERROR: a create was refused or the quota's usage does not match what was admitted")
+        print("ERROR: a create was refused, the quota's usage does not match what was admitted, "
+              "or the floor did not review every create")  # fmt: skip
+    result["ok"] = ok
+    write_results("admission", result, figures, path=results)
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--creates", type=int, default=1000, help="measured creates per side")
-    parser.add_argument("--clients", type=int, default=20, help="concurrent clients")
-    parser.add_argument("--blocks", type=int, default=4, help="alternating blocks per side")
+    parser.add_argument(
+        "--mode", action="append", choices=MODES, help="closed (default), floor, open; repeatable"
+    )
+    parser.add_argument("--creates", type=int, default=1000, help="closed-loop creates per side")
+    parser.add_argument("--clients", type=int, default=20, help="closed-loop concurrent clients")
+    parser.add_argument("--blocks", type=int, default=4, help="rotating blocks per side")
+    parser.add_argument("--open-creates", type=int, default=2000, help="open-loop creates/side")
+    parser.add_argument("--rate", type=float, help="open-loop creates/s (default: a fraction of "
+                        "upstream's closed-loop capacity)")  # fmt: skip
+    parser.add_argument("--rate-fraction", type=float, default=0.5,
+                        help="open-loop rate: this of upstream's closed-loop capacity")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=1, help="of the open loop's schedule")
+    parser.add_argument(
+        "--floor-http1", action="store_true", help="the floor offers HTTP/1.1 only, as tally"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=None, help="JSON to write (bench/results/admission.json)"
+    )
     parser.add_argument(
         "--profile", type=Path, help="run tally under cProfile and write its profile here"
     )
     args = parser.parse_args(argv)
+    modes = [mode for mode in MODES if mode in (args.mode or ["closed"])]
+    run = Run(modes, args.creates, args.clients, args.blocks, args.open_creates, args.rate,
+              args.rate_fraction, args.seed, args.floor_http1)  # fmt: skip
     with contextlib.ExitStack() as stack:
-        print("starting the reference and operator control planes ...", file=sys.stderr)
+        with_floor = "floor" in modes or "open" in modes
+        if with_floor:
+            ensure_floor()
+        print("starting the control planes ...", file=sys.stderr)
         reference = stack.enter_context(control_plane("reference"))
         operator = stack.enter_context(control_plane("operator"))
+        floor_plane: cluster.State | None = None
+        floor: FloorWebhook | None = None
+        if with_floor:
+            floor_plane = stack.enter_context(control_plane("operator"))
+            pki = cluster.webhook_client_pki(Path(floor_plane.dir))
+            assert pki is not None, "an operator-mode control plane presents a client certificate"
+            floor = FloorWebhook(
+                Path(stack.enter_context(tempfile.TemporaryDirectory())), pki.ca,
+                http1=args.floor_http1,
+            )  # fmt: skip
+            stack.callback(floor.stop)
+            floor.start()
         log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tally.log"
         profile = ("-m", "cProfile", "-o", str(args.profile.resolve())) if args.profile else ()
         tally_process = operator_process.TallyProcess(
@@ -321,11 +728,11 @@ def main(argv: list[str] | None = None) -> int:
         assert tally_process.process is not None
         tally_pid = tally_process.process.pid
         print("measuring ...", file=sys.stderr)
-        upstream, tally = asyncio.run(
-            measure(reference, operator, tally_pid, args.creates, args.clients, args.blocks)
-        )
+        sides = asyncio.run(measure(run, reference, operator, tally_pid, floor_plane, floor))
         metrics = tally_metrics(tally_process.metrics_url)
-        ok = report(upstream, tally, args.creates, args.clients, args.blocks, metrics)
+        if floor is not None:
+            floor.stop()
+        ok = report(run, sides, metrics, floor, args.results)
         if args.profile:
             tally_process.stop()  # graceful: cProfile writes the profile on exit
             print(f"tally's profile: {args.profile}", file=sys.stderr)

@@ -10,9 +10,14 @@
 // (mutual TLS), as tally's webhook does with TALLY_WEBHOOK_CLIENT_CA: the handshake costs the same
 // on both sides of the comparison.
 //
+// It offers HTTP/2 as Go's server does by default (the API server's webhook client takes it);
+// -http1 offers HTTP/1.1 only, which is all tally's aiohttp server speaks, so that the protocol's
+// share of the API server's cost can be measured.
+//
 // It prints "serving on https://<address>" on stdout once it accepts connections (listen on port
-// 0 to be given a free one), and on SIGINT or SIGTERM a count of the reviews it answered, by
-// HTTP protocol, on stderr.
+// 0 to be given a free one), "first review" on stdout before answering its first review (how a
+// benchmark sees that the API server has picked up the webhook's registration), and on SIGINT or
+// SIGTERM a count of the reviews it answered, by HTTP protocol, on stderr.
 package main
 
 import (
@@ -27,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -70,6 +76,7 @@ type admissionResponse struct {
 
 type counters struct {
 	http1, http2, bad atomic.Int64
+	first             sync.Once
 }
 
 func (c *counters) serveReview(w http.ResponseWriter, r *http.Request) {
@@ -102,6 +109,7 @@ func (c *counters) serveReview(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	c.first.Do(func() { fmt.Println("first review") })
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	if r.ProtoMajor == 2 {
@@ -135,6 +143,7 @@ func run() error {
 	keyFile := flag.String("key", "", "its private key (PEM)")
 	clientCA := flag.String("client-ca", "",
 		"if set, require a client certificate signed by this CA (PEM): mutual TLS")
+	http1 := flag.Bool("http1", false, "offer HTTP/1.1 only (default: HTTP/2 and HTTP/1.1)")
 	flag.Parse()
 	if *certFile == "" || *keyFile == "" {
 		return errors.New("-cert and -key are required")
@@ -147,6 +156,11 @@ func run() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", count.serveReview)
 	server := &http.Server{Handler: mux, TLSConfig: config, ReadHeaderTimeout: 10 * time.Second}
+	if *http1 {
+		// Not through TLSConfig.NextProtos: ServeTLS adds "h2" to whatever it lists.
+		server.Protocols = new(http.Protocols)
+		server.Protocols.SetHTTP1(true)
+	}
 	listener, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
