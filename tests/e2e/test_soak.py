@@ -9,7 +9,7 @@ fault, no traceback in a replica's log outside them.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -22,12 +22,7 @@ def load_soak() -> ModuleType:
     """``bench/soak.py`` (a script beside ``bench/_common.py``, not a package)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("soak", BENCH / "soak.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("soak")
 
 
 async def test_two_minutes_of_churn_and_every_fault_violate_nothing(tmp_path: Path) -> None:
