@@ -64,6 +64,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from _common import (
+    REPO,
     Figure,
     Raw,
     api_client,
@@ -503,6 +504,20 @@ def confirmation_quantile(metrics: dict[str, float], fraction: float) -> str:
     return "n/a"
 
 
+def source_revision() -> str:
+    """The commit measured, with ``+changes`` when ``operator/`` differs from it: tally runs
+    from the working tree, which other work may be changing."""
+    git = ["git", "-C", str(REPO)]
+    commit = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--", "operator"], capture_output=True, text=True,
+        check=False,
+    ).stdout.strip()  # fmt: skip
+    return commit + ("+changes" if changed else "") if commit else "unknown"
+
+
 def verdict(ok: bool) -> str:
     return "meets" if ok else "misses"
 
@@ -595,16 +610,23 @@ def report_open(summaries: dict[str, dict[str, Any]], rate: float) -> list[Figur
 
 def report(run: Run, sides: list[Side], metrics: dict[str, float], floor: FloorWebhook | None,
            results: Path | None) -> bool:  # fmt: skip
-    print(f"admission: modes {', '.join(run.modes)}; closed loop {run.creates} pod creates per "
-          f"side from {run.clients} clients, open loop {run.open_creates} per side, in "
-          f"{run.blocks} rotating blocks (+{run.clients * 2} warm-up); one namespace, one quota "
+    loops = []
+    if "closed" in run.modes or "floor" in run.modes:
+        loops.append(f"closed loop {run.creates} pod creates per side from {run.clients} clients")
+    if "open" in run.modes:
+        loops.append(f"open loop {run.open_creates} per side")
+    print(f"admission: modes {', '.join(run.modes)}; {', '.join(loops)}, in {run.blocks} "
+          f"rotating blocks (+{run.clients * 2} warm-up); one namespace, one quota "
           f"({', '.join(f'{k}: {v}' for k, v in HARD.items())}) on upstream's and tally's "
           f"sides")  # fmt: skip
     print(f"machine: {machine()}")
+    revision = source_revision()
+    print(f"tally at {revision}")
     figures: list[Figure] = []
     result: dict[str, Any] = {
         "modes": run.modes, "clients": run.clients, "creates": run.creates,
         "open_creates": run.open_creates, "blocks": run.blocks, "floor_http1": run.floor_http1,
+        "tally_revision": revision,
     }  # fmt: skip
     for mode in ("closed", "open"):
         summaries = {s.label: s.measured[mode].summary() for s in sides if mode in s.measured}
