@@ -437,6 +437,15 @@ class Soak:
                 self.quota_body(PODSET_NAMESPACE_HARD),
             )
             self.quota_stable[namespace] = time.time()
+        # The quotas are in force (their first status written) before churn judges them.
+        for namespace in [*fixed, *self.podset_namespaces()]:
+            self.quota_stable[namespace] = await self.in_force(
+                f"/api/v1/namespaces/{namespace}/resourcequotas/q", quota_hards
+            )
+        for team in TEAMS:
+            self.cq_stable[team] = await self.in_force(
+                f"/apis/tally.dev/v1alpha1/clusterquotas/cq-{team}", cluster_quota_hards
+            )
         for namespace in [*fixed, *self.podset_namespaces()]:
             await _common.until(
                 raw,
@@ -530,8 +539,33 @@ class Soak:
                     "application/merge-patch+json",
                 )
         finally:
-            self.quota_stable[namespace] = time.time()
+            self.quota_stable[namespace] = await self.in_force(
+                f"/api/v1/namespaces/{namespace}/resourcequotas/q", quota_hards
+            )
             self.changing.discard(namespace)
+
+    async def in_force(
+        self, path: str, hards: Callable[[dict[str, Any]], tuple[dict[str, str], dict[str, str]]]
+    ) -> float:
+        """When the quota at ``path`` is in force: its status's hard is its spec's (upstream's
+        admission, like tally's, judges a quota by ``status.hard``; a create before the first
+        status is charged to nobody). Waits up to ``CONVERGENCE_BOUND_S``; a quota gone (or
+        not readable) is in force at once, for what that means."""
+        deadline = time.monotonic() + CONVERGENCE_BOUND_S
+        while time.monotonic() < deadline:
+            try:
+                spec, status = hards(await self.raw.call("GET", path, request_timeout=5.0))
+                if {k: quantity(v) for k, v in spec.items()} == {
+                    k: quantity(v) for k, v in status.items()
+                }:
+                    break
+            except client.ApiException as error:
+                if error.status == 404:
+                    break
+            except Exception:
+                pass
+            await asyncio.sleep(0.2)
+        return time.time()
 
     async def change_cluster_quota(self) -> None:
         team = self.rng.choice(TEAMS)
@@ -549,7 +583,9 @@ class Soak:
                 "application/merge-patch+json",
             )
         finally:
-            self.cq_stable[team] = time.time()
+            self.cq_stable[team] = await self.in_force(
+                f"/apis/tally.dev/v1alpha1/clusterquotas/{key}", cluster_quota_hards
+            )
             self.changing.discard(key)
 
     async def relabel_namespace(self) -> None:
@@ -605,14 +641,14 @@ class Soak:
                 == "ok"
             ):
                 alive.append((time.monotonic(), namespace))
-                self.quota_stable[namespace] = time.time()
+                path = f"/api/v1/namespaces/{namespace}/resourcequotas"
                 await self.request(
                     "create_quota",
                     "POST",
-                    f"/api/v1/namespaces/{namespace}/resourcequotas",
+                    path,
                     self.quota_body({"configmaps": "3", "secrets": "2", "services": "1"}),
                 )
-                self.quota_stable[namespace] = time.time()
+                self.quota_stable[namespace] = await self.in_force(f"{path}/q", quota_hards)
                 for kind, body in (
                     ("configmaps", CONFIGMAP),
                     ("configmaps", CONFIGMAP),
@@ -1068,6 +1104,18 @@ class Soak:
             "traceback_list": tracebacks[:20],
             "memory": self.memory_report(),
         }
+
+
+def quota_hards(quota: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    return (quota.get("spec") or {}).get("hard") or {}, (quota.get("status") or {}).get(
+        "hard"
+    ) or {}
+
+
+def cluster_quota_hards(cq: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    spec = ((cq.get("spec") or {}).get("quota") or {}).get("hard") or {}
+    status = (((cq.get("status") or {}).get("total") or {}).get("hard")) or {}
+    return spec, status
 
 
 # -- objects -------------------------------------------------------------------------------
