@@ -7,17 +7,20 @@
 * Prometheus (Debian's package, installed by ``make prometheus``: ``hack/prometheus.sh``)
   scrapes a running tally on loopback, after a quota, a few pod creates and one denial, and
   answers every dashboard query, every variable query and every alert expression without
-  error; those that describe what this test made happen return series.
+  error; those that describe what this test made happen return series, and the webhook
+  certificate's expiry is the notAfter of the certificate tally's webhook port presents.
 
 Nothing here skips: a missing ``prometheus`` or ``promtool`` fails the test.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -29,6 +32,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from cryptography import x509
 from kubernetes_asyncio import client
 
 import cluster
@@ -42,6 +46,9 @@ PROMETHEUS_RULE = REPO / "deploy" / "prometheus" / "tally-prometheusrule.yaml"
 RULES_TEST = REPO / "deploy" / "prometheus" / "tally-rules.test.yaml"
 
 JOB = "tally"
+WEBHOOK_CONFIGURATION = "tally.dev"
+CERTIFICATE_EXPIRY = "tally_webhook_certificate_expiry_timestamp_seconds"
+EXPIRING_WITHIN = "7 * 24 * 3600"
 # Wide enough for several 1 s scrapes on a busy machine, short enough that the traffic of this
 # test is inside it.
 RATE_INTERVAL = "1m"
@@ -235,6 +242,29 @@ async def query(url: str, expr: str) -> list[dict[str, Any]]:
     return list(data["result"])
 
 
+async def served_certificate(api: client.ApiClient, operator: RunningOperator) -> x509.Certificate:
+    """The certificate tally's webhook port presents, found through the webhook configuration
+    tally registered (the handshake checks nothing: only the certificate is wanted)."""
+    response = await client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
+        WEBHOOK_CONFIGURATION, _preload_content=False
+    )
+    configuration = json.loads(await response.read())
+    # Every webhook of the configuration is served on one port (at its own path).
+    (address,) = {
+        urllib.parse.urlsplit(w["clientConfig"]["url"]).netloc for w in configuration["webhooks"]
+    }
+    target = urllib.parse.urlsplit(f"https://{address}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if operator.webhook_client is not None:
+        context.load_cert_chain(*operator.webhook_client)
+    _, writer = await asyncio.open_connection(target.hostname, target.port, ssl=context)
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    return x509.load_der_x509_certificate(der)
+
+
 def pod(name: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
@@ -248,7 +278,7 @@ async def _quota_used(api: client.ApiClient, namespace: str) -> dict[str, str]:
 
 
 async def test_prometheus_answers_every_dashboard_query_and_alert_expression(
-    prometheus: str, api: client.ApiClient, namespace: str
+    prometheus: str, api: client.ApiClient, namespace: str, operator: RunningOperator
 ) -> None:
     await eventually(
         lambda: query(prometheus, f'up{{job="{JOB}"}} == 1'),
@@ -351,3 +381,21 @@ async def test_prometheus_answers_every_dashboard_query_and_alert_expression(
             ), result
         if rule["alert"] == "TallyNoLeader":
             assert [] == result
+        if rule["alert"] == "TallyWebhookCertificateExpiring":
+            # tally made its certificate at start-up, valid for a year: not expiring.
+            assert [] == result
+
+    # The expiry is the end of the certificate the webhook port presents, to the second.
+    served = await served_certificate(api, operator)
+    exported = await query(prometheus, f'{CERTIFICATE_EXPIRY}{{job="{JOB}"}}')
+    assert [served.not_valid_after_utc.timestamp()] == [float(r["value"][1]) for r in exported]
+    # The alert's expression selects that series once its window is wider than the time
+    # left, with the time left as its value (what the alert's summary shows).
+    (expiring,) = [r for r in alert_rules() if r["alert"] == "TallyWebhookCertificateExpiring"]
+    assert EXPIRING_WITHIN in expiring["expr"]
+    widened = expiring["expr"].replace(EXPIRING_WITHIN, "2 * 365 * 24 * 3600")
+    asked = time.time()
+    result = await query(prometheus, widened)
+    assert [JOB] == [r["metric"]["job"] for r in result]
+    left = served.not_valid_after_utc.timestamp() - asked
+    assert abs(float(result[0]["value"][1]) - left) < 5.0, (result, left)
