@@ -18,8 +18,8 @@ as soon as the previous one is answered.
 
 Prints creates/s and p50/p99 per phase and the ClusterQuota's ratios to the ResourceQuotas
 (target: throughput >= 0.8x), the convergence (target <= 5 s), over-admission (target 0),
-tally's resident memory, and writes the figures as JSON (``--json``, default
-``bench/results/clusterquota.json``).
+tally's resident memory, and writes the figures as JSON and a picture beside it (``--json``,
+default ``bench/results/clusterquota.json``, and ``.png``).
 
 Run: ``.venv/bin/python bench/clusterquota.py [--namespaces 1000] [--targets 100]``.
 """
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from _common import (
     REPO,
+    Figure,
     Loop,
     Raw,
     api_client,
@@ -45,6 +45,7 @@ from _common import (
     memory_of,
     mib,
     until,
+    write_results,
 )
 
 LABEL = "bench.tally.dev/team"
@@ -238,6 +239,24 @@ def report(result: dict[str, Any]) -> bool:
     return throughput_ok and converged_ok and admitted_ok and not refused
 
 
+def figures_of(result: dict[str, Any]) -> list[Figure]:
+    """The ClusterQuota's figures against the same creates under per-namespace ResourceQuotas."""
+    rq, cq, burst = result["resourcequotas"], result["clusterquota"], result["burst"]
+    reference = "ResourceQuotas"
+    return [
+        Figure("throughput", "creates/s", cq["throughput_per_s"], rq["throughput_per_s"],
+               reference_name=reference, better="higher",
+               target=f">= {TARGET_THROUGHPUT_RATIO}x"),
+        Figure("p50 latency", "ms", cq["p50_ms"], rq["p50_ms"], reference_name=reference),
+        Figure("p99 latency", "ms", cq["p99_ms"], rq["p99_ms"], reference_name=reference),
+        Figure("status converged", "s", result["convergence_s"], None,
+               target=f"<= {TARGET_CONVERGENCE_S} s"),
+        Figure(f"burst of {2 * burst['headroom']}: admitted past the headroom", "pods",
+               burst["over_admitted"], None, target="0"),
+        Figure("tally resident memory", "MiB", result["tally_rss_bytes"] / 2**20, None),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--namespaces", type=int, default=1000)
@@ -258,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )  # fmt: skip
         ok = report(result)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"figures: {args.json}", file=sys.stderr)
+    write_results("clusterquota", result, figures_of(result), path=args.json)
     return 0 if ok else 1
 
 

@@ -24,7 +24,8 @@ requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.cr
 kube-controller-manager publishes into every namespace (its presence is checked first).
 
 Prints the times, the memory, the ratios to the targets (convergence <= 30 s, RSS <=
-kube-controller-manager's), the input sizes and the machine. Creates run with ``--concurrency``
+kube-controller-manager's), the input sizes and the machine, and writes the figures as JSON and
+a picture beside it (``bench/results/scale.json``, ``.png``). Creates run with ``--concurrency``
 requests in flight (retrying the API server's overload answers).
 
 Run: ``.venv/bin/python bench/scale.py [--namespaces 1000] [--pods 10000]``.
@@ -52,6 +53,7 @@ from kubernetes_asyncio import client
 
 from _common import (
     REPO,
+    Figure,
     Raw,
     api_client,
     bounded,
@@ -61,6 +63,7 @@ from _common import (
     machine,
     memory_of,
     mib,
+    write_results,
 )
 from tally.quota.quantity import Quantity, parse_quantity
 
@@ -545,6 +548,29 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
     print("tally samples (s since spawn: CPU s, RSS):", " ".join(
         f"{t:.0f}:{cpu:.1f}/{mib(rss)}" for t, cpu, rss in tally.samples[:: max(1, len(
             tally.samples) // 25)]))  # fmt: skip
+    write_results(
+        "scale",
+        {
+            "namespaces": len(data.namespaces),
+            "pods": len(data.pods),
+            "quotas": len(data.namespaces),
+            "concurrency": concurrency,
+            "upstream": dataclasses.asdict(upstream),
+            "tally": dataclasses.asdict(tally),
+        },
+        [
+            # Upstream's quotas are created after its pods, tally's pods before tally starts:
+            # the two convergence times start from different moments, so only the target
+            # judges tally's.
+            Figure("every quota correct after start", "s", convergence, None,
+                   target=f"<= {TARGET_CONVERGENCE_S:.0f} s"),
+            Figure(f"resident memory at {tally.settled_s:.0f} s", "MiB", tally.rss / 2**20,
+                   upstream.kcm_rss / 2**20, reference_name="kube-controller-manager",
+                   target="<= 1.0x"),
+            Figure("peak resident memory", "MiB", tally.peak / 2**20, upstream.kcm_peak / 2**20,
+                   reference_name="kube-controller-manager"),
+        ],
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
