@@ -439,8 +439,11 @@ async def measure(
                     run.creates, run.clients, None
                 )
             run.rate_used = run.rate or run.capacity * run.rate_fraction
-            print(f"  open loop at {run.rate_used:.1f} creates/s (upstream's closed-loop "
-                  f"capacity {run.capacity:.1f}/s)", file=sys.stderr, flush=True)  # fmt: skip
+            source = f"upstream's closed-loop capacity {run.capacity:.1f}/s" if run.capacity else (
+                "as given"
+            )  # fmt: skip
+            print(f"  open loop at {run.rate_used:.1f} creates/s ({source})", file=sys.stderr,
+                  flush=True)  # fmt: skip
             for side in sides:
                 side.measured["open"] = Measured()
             for index, count in enumerate(split(run.open_creates, run.blocks)):
@@ -637,7 +640,8 @@ def report(run: Run, sides: list[Side], metrics: dict[str, float], floor: FloorW
             figures += report_closed(summaries)
         else:
             result["open_rate_per_s"] = run.rate_used
-            result["upstream_capacity_per_s"] = run.capacity
+            if run.capacity:
+                result["upstream_capacity_per_s"] = run.capacity
             figures += report_open(summaries, run.rate_used)
         # On a shared 2-core machine a side is as fast as the CPU its processes need per create.
         for label, s in summaries.items():
