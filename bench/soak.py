@@ -2,7 +2,7 @@
 election on) behind a round-robin balancer, while tally, the API server and etcd fail
 underneath; invariants checked from the objects themselves.
 
-    .venv/bin/python bench/soak.py --minutes 30        # bench/results/soak.json and soak.png
+    .venv/bin/python bench/soak.py --minutes 30   # bench/results/soak.json, .png, -timeline.png
 
 What runs (all on loopback, all real: ``hack/cluster.py``'s etcd, kube-apiserver and
 kube-controller-manager, two ``kopf run`` replicas started from a copy of ``operator/`` taken at
@@ -67,11 +67,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import operator_process
-from balancer import RoundRobinBalancer
 from kubernetes_asyncio import client
 
-import _common
+import _common  # first: it puts hack/ and tests/e2e/ on sys.path for the imports below
+
+# isort: split
+import operator_process
+from balancer import RoundRobinBalancer
+
 import cluster
 from _common import REPO, Raw, api_client, kubectl
 
@@ -1417,10 +1420,36 @@ async def soak(settings: Settings) -> dict[str, Any]:
         finally:
             await balancer.close()
             await api.close()
-        settings.out_dir.mkdir(parents=True, exist_ok=True)
-        (settings.out_dir / f"{settings.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-        draw(soak_, settings.out_dir / f"{settings.name}.png")
+        write(result, settings.out_dir / f"{settings.name}.json")
+        draw(soak_, settings.out_dir / f"{settings.name}-timeline.png")
         return result
+
+
+def figures(result: dict[str, Any]) -> list[_common.Figure]:
+    """The figures the issue judges the soak by; none has a reference (upstream has no soak)."""
+    worst = result["worst_convergence_s"]
+    found = [
+        _common.Figure("violations", "count", float(result["violations"]), None, target="== 0"),
+        _common.Figure(
+            "worst convergence", "s", math.nan if worst is None else float(worst), None,
+            target="<= 10",
+        ),
+    ]  # fmt: skip
+    for name, memory in sorted(result["memory"].items()):
+        if memory["slope_mib_per_10min"] is not None:
+            found.append(
+                _common.Figure(
+                    f"RSS slope, replica {name}", "MiB per 10 min",
+                    float(memory["slope_mib_per_10min"]), None, target="< 1",
+                )
+            )  # fmt: skip
+    return found
+
+
+def write(result: dict[str, Any], path: Path) -> None:
+    """``soak.json`` through the benchmarks' shared writer (and its bar picture,
+    ``soak.png``); the time series goes to ``soak-timeline.png`` (:func:`draw`)."""
+    _common.write_results(path.stem, result, figures(result), path=path)
 
 
 def main(argv: list[str] | None = None) -> int:
