@@ -1106,6 +1106,12 @@ class Soak:
             "tracebacks": len(tracebacks),
             "traceback_list": tracebacks[:20],
             "memory": self.memory_report(),
+            # Every 5th sample (10 s apart): (seconds, replica, process, MiB), for a later look.
+            "rss_samples": [
+                [round(t, 1), name, process, round(mib, 1)]
+                for index, (t, name, process, mib) in enumerate(self.rss)
+                if index % 5 == 0
+            ],
         }
 
 
