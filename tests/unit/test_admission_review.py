@@ -56,3 +56,18 @@ def test_bad_bodies_name_the_problem(body: bytes, message: str) -> None:
     with pytest.raises(ReviewError) as error:
         parse_review(body)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        pytest.param(2**64 + 1, id="integer-past-64-bits"),
+        pytest.param(10**400, id="integer-past-a-double"),
+    ],
+)
+def test_large_integers_are_read_exactly(number: int) -> None:
+    # A custom resource may hold any JSON number and the API server stores what it was sent;
+    # a faster parser that turns these into floats (orjson) would charge a rounded figure.
+    review = {**VALID, "request": {**VALID["request"], "object": {"spec": {"size": number}}}}
+    parsed = parse_review(json.dumps(review).encode())
+    assert parsed["request"]["object"]["spec"]["size"] == number
