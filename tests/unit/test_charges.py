@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tally.charges import ChargeLedger, ObjectRef, QuotaKey
+from tally.charges import ChargeLedger, ObjectRef, QuotaKey, cluster_quota_key, sync_key
 from tally.evaluators.base import GroupResource
 from tally.quota.quantity import Quantity
 
@@ -562,3 +562,56 @@ def test_withdraw_forgets_a_charge_without_a_release() -> None:
     ledger.withdraw(charge)  # twice is harmless
     assert [] == ledger.expire(now[0] + 5.0)
     assert [] == metrics
+
+
+# -- recalculations wait for admission's writes in flight
+
+
+def test_a_sync_is_not_deferred_without_a_write_in_flight() -> None:
+    h = Harness()
+    assert not h.ledger.defer_sync(QA)
+    h.ledger.writes_ended(h.ledger.writes_started([QA]))
+    assert not h.ledger.defer_sync(QA)
+    assert [] == h.recalculated  # nothing was deferred, nothing to run
+
+
+def test_a_deferred_sync_runs_once_when_the_last_write_ends() -> None:
+    h = Harness()
+    first = h.ledger.writes_started([QA, QB])
+    second = h.ledger.writes_started([QA])
+    assert [QA, QB] == first
+    assert h.ledger.defer_sync(QA)
+    assert h.ledger.defer_sync(QA)  # asked twice: still one recalculation
+    assert not h.ledger.defer_sync(("a", "other"))
+    h.ledger.writes_ended(first)  # QA's second write is still in flight; QB was not deferred
+    assert [] == h.recalculated
+    assert h.ledger.defer_sync(QA)
+    h.ledger.writes_ended(second)
+    assert [[QA]] == h.recalculated
+    assert not h.ledger.defer_sync(QA)
+
+
+def test_a_cluster_quota_share_defers_the_whole_cluster_quotas_sync() -> None:
+    # One status write carries every namespace's share: the ClusterQuota controller syncs the
+    # whole ClusterQuota, under ("", "clusterquota:<name>").
+    h = Harness()
+    whole = cluster_quota_key("", "team")
+    started = h.ledger.writes_started(
+        [cluster_quota_key("a", "team"), cluster_quota_key("b", "team")]
+    )
+    assert [whole] == started
+    assert sync_key(cluster_quota_key("a", "team")) == whole
+    assert sync_key(QA) == QA
+    assert h.ledger.defer_sync(whole)
+    h.ledger.writes_ended(started)
+    assert [[whole]] == h.recalculated
+
+
+def test_a_deleted_quotas_deferred_sync_still_runs_and_the_maps_empty() -> None:
+    h = Harness()
+    started = h.ledger.writes_started([QA])
+    assert h.ledger.defer_sync(QA)
+    h.ledger.forget_quota(QA)
+    h.ledger.writes_ended(started)
+    assert [[QA]] == h.recalculated  # the controller then finds the quota gone
+    assert ({}, set()) == (h.ledger._writing, h.ledger._deferred)

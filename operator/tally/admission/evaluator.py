@@ -597,16 +597,30 @@ class QuotaEvaluator:
             # Phase 3. The ledger holds the charges from before the writes: a recalculation
             # running while they are in flight, or before this pass ends, must not erase them.
             self._hold_charges(batch, waiters, charges)
-            failed, lost, last_error = await self._write(batch, writes, waiters)
-            if self._charges is not None:
-                for index in pending:
-                    for quota_index in batch.charges[index]:
-                        charged = batch.quotas[quota_index]
-                        if quota_identity(charged) in failed:
-                            self._charges.amend(
-                                charges[index], quota_key(_namespace(waiters[index]), charged),
-                                None,
-                            )  # fmt: skip
+            # Until each write has landed or failed, the controllers' recalculations of these
+            # quotas wait: they cannot tell whether the status they read holds these charges.
+            writing = (
+                self._charges.writes_started(
+                    quota_key(quota_identity(batch.quotas[i])[1], batch.quotas[i]) for i in writes
+                )
+                if self._charges is not None
+                else []
+            )
+            try:
+                failed, lost, last_error = await self._write(batch, writes, waiters)
+                if self._charges is not None:
+                    for index in pending:
+                        for quota_index in batch.charges[index]:
+                            charged = batch.quotas[quota_index]
+                            if quota_identity(charged) in failed:
+                                self._charges.amend(
+                                    charges[index],
+                                    quota_key(_namespace(waiters[index]), charged),
+                                    None,
+                                )
+            finally:
+                if self._charges is not None:
+                    self._charges.writes_ended(writing)
             if last_error is None:
                 for index in pending:
                     waiters[index].resolve(None)

@@ -12,7 +12,9 @@ package keeps, per charge, what was charged to which quota, until either
 
 Until then a pending charge *holds* its quotas' usage: a recalculation may not lower a value
 below what the caches count plus the pending charges (see
-:meth:`~tally.resourcequota.controller.ResourceQuotaController.sync_resource_quota`).
+:meth:`~tally.resourcequota.controller.ResourceQuotaController.sync_resource_quota`). While
+admission's write of a quota's status is in flight, that quota's recalculation waits for it
+(:meth:`ChargeLedger.defer_sync`).
 
 Owns: :class:`ChargeLedger` and its expiry loop, and :class:`FirstSyncs` (quotas whose first
 status was just written, which creations admitted before it may still reach). Imports only the
@@ -33,6 +35,7 @@ from tally.charges.ledger import (
     cluster_quota_key,
     cluster_quota_of,
     hold_pending,
+    sync_key,
 )
 
 __all__ = [
@@ -48,4 +51,5 @@ __all__ = [
     "cluster_quota_key",
     "cluster_quota_of",
     "hold_pending",
+    "sync_key",
 ]

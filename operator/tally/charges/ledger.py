@@ -25,6 +25,15 @@ longer is counted late, which lets admission admit past the limit meanwhile; suc
 object triggers a recalculation and the ``late`` metric, so the status is right again as soon
 as it is seen and the operator learns that the timeout is too short.
 
+While admission's status write of a quota is in flight, a recalculation of that quota is
+*deferred* until the write has landed or failed (:meth:`defer_sync`), then run
+(``recalculate``). A charge is recorded before its write, so a recalculation could count it
+while not knowing whether the status it read already contains it: if it does not, and the
+recalculation's own write lands first, admission's write loses its compare-and-swap, judges
+again against the recalculated status (which holds the charge) and adds the charge a second
+time. Nothing recalculates afterwards (the object's creation is charged, so it replenishes
+nothing): usage would stay one object too high until the next full resync.
+
 A *hold* is a charge without an object: a raise of ``status.used`` seen on a quota's watch that
 another replica's admission made. It cannot be confirmed (its object is unknown here); it holds
 usage for ``timeout`` and is then released like an unconfirmed charge.
@@ -68,6 +77,14 @@ def cluster_quota_key(namespace: str, name: str) -> QuotaKey:
     """The key of ClusterQuota ``name``'s share in ``namespace``: its charges are held per
     namespace, as its status counts them."""
     return namespace, CLUSTER_QUOTA_KEY_PREFIX + name
+
+
+def sync_key(key: QuotaKey) -> QuotaKey:
+    """The key a controller syncs ``key`` under: a ResourceQuota's own; for a ClusterQuota's
+    share in a namespace, the whole ClusterQuota's (``("", "clusterquota:<name>")``), which
+    one status write covers."""
+    name = cluster_quota_of(key)
+    return key if name is None else cluster_quota_key("", name)
 
 
 def cluster_quota_of(key: QuotaKey) -> str | None:
@@ -193,6 +210,10 @@ class ChargeLedger:
         self._released_order: deque[tuple[float, ObjectRef, Charge]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._running = False
+        # Admission's status writes in flight, by sync key (sync_key), and the quotas whose
+        # recalculation waits for them to end; both drop a key when its last write ends.
+        self._writing: dict[QuotaKey, int] = {}
+        self._deferred: set[QuotaKey] = set()
 
     # -- reading
 
@@ -305,6 +326,42 @@ class ChargeLedger:
         for key in charge.amounts:
             _discard(self._by_quota, key, seq)
 
+    # -- writes in flight
+
+    def writes_started(self, keys: Iterable[QuotaKey]) -> list[QuotaKey]:
+        """Admission starts writing the status of these quotas (their charges are recorded):
+        their recalculations wait (:meth:`defer_sync`) until :meth:`writes_ended` with the
+        sync keys returned here."""
+        started = sorted({sync_key(key) for key in keys})
+        for key in started:
+            self._writing[key] = self._writing.get(key, 0) + 1
+        return started
+
+    def writes_ended(self, keys: Iterable[QuotaKey]) -> None:
+        """The writes :meth:`writes_started` announced landed or failed (and the charges of
+        those that failed were amended): a recalculation deferred meanwhile runs now."""
+        ready: list[QuotaKey] = []
+        for key in keys:
+            left = self._writing.get(key, 0) - 1
+            if left > 0:
+                self._writing[key] = left
+                continue
+            self._writing.pop(key, None)
+            if key in self._deferred:
+                self._deferred.discard(key)
+                ready.append(key)
+        if ready:
+            self.recalculate(ready)
+
+    def defer_sync(self, key: QuotaKey) -> bool:
+        """Whether a recalculation of ``key`` (a sync key) must wait: admission is writing its
+        status, so the status just read may or may not contain charges this ledger holds (see
+        the module doc). True: it is recalculated once the writes end."""
+        if not self._writing.get(key):
+            return False
+        self._deferred.add(key)
+        return True
+
     # -- confirming
 
     def observed(self, ref: ObjectRef, uid: str, resource_version: str) -> None:
@@ -402,7 +459,9 @@ class ChargeLedger:
         self.recalculate(sorted(charge.amounts))
 
     def forget_quota(self, key: QuotaKey) -> None:
-        """``key`` was deleted: drop its amounts (a charge left with none is gone)."""
+        """``key`` was deleted: drop its amounts (a charge left with none is gone). A write in
+        flight still ends through :meth:`writes_ended`, which drops its count (and runs a
+        deferred recalculation, which finds the quota gone)."""
         for seq, charge in self._by_quota.pop(key, {}).items():
             del charge.amounts[key]
             if not charge.amounts:

@@ -16,7 +16,8 @@ What enqueues a ClusterQuota:
 * a released charge (:mod:`tally.charges`), and the full resync.
 
 Charges admission wrote for objects the caches do not show yet hold usage, per namespace, as
-for a ResourceQuota (:func:`tally.charges.hold_pending`).
+for a ResourceQuota (:func:`tally.charges.hold_pending`), and a sync waits while admission is
+writing the ClusterQuota's status (:meth:`tally.charges.ChargeLedger.defer_sync`).
 
 Left out: watching (the wiring feeds the handlers), the API client (a
 :class:`ClusterQuotaStatusWriter` is passed in), validation (the webhook).
@@ -209,6 +210,8 @@ class ClusterQuotaController:
     # -- sync
 
     async def _sync_key(self, name: str) -> None:
+        if self.charges is not None and self.charges.defer_sync(cluster_quota_key("", name)):
+            return  # admission is writing this status: the ledger enqueues it when it is done
         cached = self.cluster_quotas.get("", name)
         if cached is None:
             return

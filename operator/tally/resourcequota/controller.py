@@ -23,7 +23,9 @@ something that evaluator measures; which change calls :meth:`replenish` how is d
 Charges admission wrote for objects the caches do not show yet (:mod:`tally.charges`) hold
 usage up: a sync lowers a value no further than the caches plus those pending charges. A
 charge whose object never comes is released after its timeout, and the ledger enqueues its
-quota then.
+quota then. A sync of a quota whose status admission is writing at that moment waits for the
+write to end (the ledger enqueues it again): the status it would read may or may not contain
+the charge being written.
 
 Left out here: watching (the Kopf wiring feeds :meth:`add_quota`, :meth:`replenish` … from
 caches it owns) and the API client (a :class:`QuotaStatusWriter` is passed in).
@@ -273,6 +275,8 @@ class ResourceQuotaController:
     # -- sync
 
     async def _sync_key(self, key: QuotaKey) -> None:
+        if self.charges is not None and self.charges.defer_sync(key):
+            return  # admission is writing this status: the ledger enqueues it when it is done
         cached = self.quotas.get(*key)
         quota_obj = cached if cached is None or self.newest is None else self.newest(cached)
         if quota_obj is None:

@@ -38,9 +38,12 @@ from tally.admission import (
 )
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
+from tally.evaluators.pods import PodEvaluator
 from tally.evaluators.podsets import PODSETS, PodSetEvaluator
 from tally.evaluators.registry import new_registry
+from tally.machinery.cache import Store
 from tally.quota.quantity import parse_quantity
+from tally.resourcequota.controller import ResourceQuotaController
 
 pytestmark = pytest.mark.unit
 
@@ -1381,8 +1384,8 @@ async def test_a_charge_whose_caller_gave_up_is_released(running: list[QuotaEval
 async def test_a_charge_is_held_while_its_write_is_in_flight(
     running: list[QuotaEvaluator],
 ) -> None:
-    # A recalculation that runs while the status write is on its way (or right after it, before
-    # the pass ends) must already see the charge held, or it would write it away.
+    # From the write on (and right after it, before the pass ends) the charge is held: a
+    # recalculation running once the write landed must not write it away.
     accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "0"})])
     ledger = RecordingLedger()
     held_during_write: list[dict[str, Any]] = []
@@ -1390,3 +1393,66 @@ async def test_a_charge_is_held_while_its_write_is_in_flight(
     running.append(evaluator := handler(accessor, charges=ledger))
     assert await validate(evaluator, create(uid_pod("p", "u-1"))) is None
     assert [{"pods": parse_quantity("1")}] == held_during_write
+
+
+class PausingAccessor(FakeAccessor):
+    """Admission's status writes wait at ``resume`` (when set) once they have started, as a
+    PUT in flight does; the controller writes through :meth:`update_status`, unpaused."""
+
+    def __init__(self, quotas: Iterable[Obj] = ()) -> None:
+        super().__init__(quotas)
+        self.resume: asyncio.Event | None = None
+        self.paused = asyncio.Event()
+
+    async def update_quota_status(self, quota: Any, **kwargs: Any) -> Obj:
+        if self.resume is not None:
+            self.paused.set()
+            await self.resume.wait()
+        return await super().update_quota_status(quota, **kwargs)
+
+    async def update_status(self, quota_obj: Any, status: Mapping[str, Any]) -> None:
+        await FakeAccessor.update_quota_status(self, {**quota_obj, "status": status})
+
+
+async def test_a_recalculation_waits_for_a_status_write_in_flight(
+    running: list[QuotaEvaluator],
+) -> None:
+    # The status says pods 2 for two charges just released (no pod exists). Admission charges
+    # pod p: its write of 3 is in flight when the controller recalculates. Were the
+    # recalculation to write 0 cached + 1 held (p's charge) = 1 first, admission's write would
+    # lose its compare-and-swap, judge again against 1 and write 2: p counted twice, and
+    # nothing recalculates after p's creation (charged creations replenish nothing). So the
+    # recalculation waits for the write and runs when it ends: 3 lowered to 0 cached + 1 held.
+    key = ("test", "quota")
+    quota = resource_quota("quota", {"pods": "5"}, {"pods": "2"})
+    quota["spec"]["hard"] = {"pods": "5"}  # the controller recalculates from the spec
+    accessor = PausingAccessor([quota])
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, charges=ledger))
+    quotas: Store[Mapping[str, Any]] = Store(lambda obj: obj, name="resourcequotas")
+    quotas.replace([accessor.store[key]], started_at=0)
+    pods: Store[Any] = Store(PodEvaluator(clock=lambda: 1_700_000_000.0).project, name="pods")
+    pods.replace([], started_at=0)
+    controller = ResourceQuotaController(
+        new_registry(clock=lambda: 1_700_000_000.0),
+        quotas,
+        {PODS: pods},
+        accessor,
+        charges=ledger,
+        newest=lambda cached: accessor.store[key],  # the controller reads the newest copy
+    )
+    accessor.resume = asyncio.Event()
+    admitted = asyncio.ensure_future(validate(evaluator, create(uid_pod("p", "u-p"))))
+    await asyncio.wait_for(accessor.paused.wait(), 5)
+    await controller._sync_key(key)  # the ledger's release asked for it: deferred
+    accessor.resume.set()
+    assert await admitted is None
+    assert [key] == ledger.recalculated  # run again once the write ended
+    await controller._sync_key(key)
+    assert {"pods": "1"} == accessor.used("quota")
+    # p reaches the caches: confirmed, counted by them, and the status already says so.
+    pods.upsert(uid_pod("p", "u-p"))
+    ledger.observed(ObjectRef(PODS, "test", "p"), "u-p", "1")
+    await controller._sync_key(key)
+    # Admission's 3, the recalculation's 1, and nothing since.
+    assert ["3", "1"] == [w["status"]["used"]["pods"] for w in accessor.writes]
