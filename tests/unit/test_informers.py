@@ -89,3 +89,55 @@ async def test_a_list_failing_mid_way_keeps_its_pages_and_does_not_sync() -> Non
     assert not store.synced
     # Without the whole list nothing can be called a ghost.
     assert sorted(store.in_namespace("a")) == ["maybe-ghost@1", "p@1"]
+
+
+def _listing(*objects: dict[str, Any]) -> Any:
+    async def lister() -> AsyncIterator[list[dict[str, Any]]]:
+        yield list(objects)
+
+    return lister
+
+
+async def test_a_kopf_relist_after_the_first_sync_reconciles_and_tells_the_owner() -> None:
+    # Kopf's re-list (events of type None) never reports what was deleted during the gap: the
+    # informer LISTs itself, and the ghost goes.
+    store: Store[str] = Store(project)
+    informer = Informer("pods", store, _listing(pod("p", "2")), relist_debounce=0.01,
+                        min_relist_interval=0.0)  # fmt: skip
+    gaps: list[str] = []
+    informer.on_gap = lambda: gaps.append("gap")
+    store.replace([pod("p", "1"), pod("ghost", "1")], started_at=0)
+    informer.on_event(None, pod("p", "2"))
+    informer.on_event(None, pod("p", "2"))  # the same re-list: one gap, one LIST
+    assert ["gap"] == gaps
+    assert informer._relist_task is not None
+    await informer._relist_task
+    assert (1, ["p"]) == (informer.relists, store.names_in("a"))
+
+
+async def test_an_emptied_kind_relists_when_told_of_another_kinds_gap() -> None:
+    # Every secret was deleted during the gap: Kopf's re-list of secrets delivers nothing.
+    # Only the owner, told of the pods' gap, can have the secrets re-listed.
+    secrets_store: Store[str] = Store(project)
+    secrets_store.replace([pod("s", "1")], started_at=0)
+    secrets = Informer("secrets", secrets_store, _listing(), relist_debounce=0.01,
+                       min_relist_interval=0.0)  # fmt: skip
+    pods_store: Store[str] = Store(project)
+    pods_store.replace([pod("p", "1")], started_at=0)
+    pods = Informer("pods", pods_store, _listing(pod("p", "1")), relist_debounce=0.01,
+                    min_relist_interval=0.0)  # fmt: skip
+    pods.on_gap = secrets.schedule_relist
+    pods.on_event(None, pod("p", "1"))
+    assert secrets._relist_task is not None
+    await secrets._relist_task
+    assert (1, []) == (secrets.relists, secrets_store.names_in("a"))
+    await pods.stop()
+
+
+async def test_events_before_the_first_sync_schedule_no_relist() -> None:
+    store: Store[str] = Store(project)
+    informer = Informer("pods", store, _listing())
+    gaps: list[str] = []
+    informer.on_gap = lambda: gaps.append("gap")
+    informer.on_event(None, pod("p", "1"))  # Kopf's first listing, before tally's own LIST
+    assert ([], None) == (gaps, informer._relist_task)

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from tally.app.runtime import PODS, RESOURCE_QUOTAS, Runtime
 from tally.app.settings import Settings
 from tally.charges import ObjectRef
+from tally.evaluators.base import GroupResource
 from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
@@ -130,3 +131,21 @@ async def test_namespaces_tally_does_not_manage_are_ignored() -> None:
         assert 0 == len(runtime.informers[PODS].store)
         runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
         assert 1 == len(runtime.informers[PODS].store)
+
+
+async def test_a_gap_kopf_relists_on_one_kind_relists_every_synced_kind(runtime: Runtime) -> None:
+    # Kopf re-lists pods after a watch gap (events of type None); secrets, every one of which
+    # was deleted during the gap, get no event at all: they must re-list all the same.
+    secrets = runtime.informers[GroupResource("", "secrets")]
+    pods = runtime.informers[PODS]
+    for informer in (secrets, pods, runtime.pod_views):
+        informer.store.replace([], started_at=0)
+    unsynced = runtime.informers[GroupResource("", "services")]
+    try:
+        runtime.on_event(PODS, None, _pod("p", "u-p"))
+        assert secrets._relist_task is not None
+        assert runtime.pod_views._relist_task is not None
+        assert unsynced._relist_task is None  # its first LIST is still to come
+    finally:
+        for informer in (secrets, pods, runtime.pod_views):
+            await informer.stop()

@@ -177,6 +177,8 @@ class Runtime:
         self.pod_views: Informer[Any] = Informer(
             "pods(podset)", Store(pod_view, name="pods(podset)"), self._lister(PODS)
         )
+        for informer in (*self.informers.values(), self.pod_views):
+            informer.on_gap = self._relist_all
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         # Admission's charges until their objects reach the caches (confirmed) or the timeout
         # passes (released: the quotas are recalculated). Every replica keeps its own; with
@@ -306,6 +308,14 @@ class Runtime:
                 raise
 
         return list_kind
+
+    def _relist_all(self) -> None:
+        """Kopf re-listed one kind after a watch gap: every synced kind re-lists too. Kopf's
+        re-list of a kind whose objects were all deleted during the gap delivers no event, so
+        that kind's informer cannot see the gap itself (its ghosts would count forever)."""
+        for informer in (*self.informers.values(), self.pod_views):
+            if informer.synced:
+                informer.schedule_relist()
 
     def _wire_handlers(self) -> None:
         controller = self.controller

@@ -12,6 +12,10 @@ what Kopf does not give a plain event handler:
   ``None``) it never reports the objects deleted during the gap. Seeing such an event after the
   first sync, the informer schedules a LIST of its own and reconciles the store against it
   (``Store.replace`` drops what the list lacks). Re-lists are debounced and spaced out.
+  A kind with no object left after the gap gets no event at all from Kopf's re-list, so no
+  informer of it can see its gap: :meth:`Informer.on_gap` tells the owner, which re-lists every
+  informer (:meth:`Informer.schedule_relist`) — a cut connection or a restarted API server
+  breaks every watch at once, and the namespaces' watch always re-delivers some object.
 
 Handlers receive :class:`tally.machinery.cache.Change` values: ``old is None`` for an add, ``new is
 None`` for a delete, both set for an update. They must be quick and must not await.
@@ -72,6 +76,9 @@ class Informer(Generic[P]):
         self._relist_task: asyncio.Task[None] | None = None
         self.relists = 0
         """LISTs made after the first (for metrics and tests)."""
+        self.on_gap: Callable[[], None] | None = None
+        """Called when this informer sees Kopf re-list after its first sync (once per re-list
+        it schedules): other kinds had the same gap, and an emptied one cannot see it."""
 
     def add_handler(self, handler: Handler[P]) -> None:
         self._handlers.append(handler)
@@ -104,8 +111,9 @@ class Informer(Generic[P]):
         change = self.store.delete(obj) if event_type == "DELETED" else self.store.upsert(obj)
         if change is not None:
             self._dispatch([change])
-        if event_type is None and self.store.synced:
-            self._schedule_relist()
+        if event_type is None and self.store.synced and self.schedule_relist():
+            if self.on_gap is not None:
+                self.on_gap()
 
     def _dispatch(self, changes: list[Change[P]]) -> None:
         for change in changes:
@@ -119,10 +127,13 @@ class Informer(Generic[P]):
 
     # -- re-list after a watch gap
 
-    def _schedule_relist(self) -> None:
+    def schedule_relist(self) -> bool:
+        """Reconcile the store with a LIST soon (debounced, and no sooner than the minimum
+        interval after the last LIST); False if one is already scheduled."""
         if self._relist_task is not None and not self._relist_task.done():
-            return
+            return False
         self._relist_task = asyncio.create_task(self._relist(), name=f"relist-{self.name}")
+        return True
 
     async def _relist(self) -> None:
         while True:
