@@ -410,3 +410,55 @@ def test_podset_measures_call_for_podsets_and_their_scale() -> None:
     assert ["configmaps"] == webhook_rules(
         {GroupResource("", "configmaps")}, core_always=False, subresources={PODSETS: ("scale",)}
     )[0]["resources"]
+
+
+class _SlowApply(WebhookRegistrar):
+    """Applies in memory, each apply held at ``gate`` (a PUT in flight)."""
+
+    def __init__(self, quotas: list[dict[str, Any]]) -> None:
+        super().__init__(
+            cast(Any, None),
+            name="tally.dev",
+            url="https://127.0.0.1:9443",
+            ca_pem=b"CA",
+            listen=("127.0.0.1", 9443),
+            quotas=lambda: quotas,
+            evaluators=new_registry().list,
+            failure_policy="Fail",
+            exempt_namespaces=["kube-system"],
+            core_always=False,
+        )
+        self.gate = asyncio.Event()
+        self.applying = asyncio.Event()
+
+    async def _apply(self) -> None:
+        wanted = self._wanted()
+        self.applying.set()
+        await self.gate.wait()
+        self._applied = wanted
+
+
+async def test_a_quota_change_during_an_apply_is_applied_after_it() -> None:
+    # A ClusterQuota naming configmaps arrives while the rules for pods are being written: the
+    # running refresh read the quotas before it, so it must look again when it is done.
+    quotas: list[dict[str, Any]] = []
+    registrar = _SlowApply(quotas)
+    registrar._applied = set()  # registered, no rule yet
+    assert registrar.rules_current()
+    quotas.append({"spec": {"hard": {"pods": "2"}}})
+    assert not registrar.rules_current()  # and a refresh is on its way
+    await asyncio.wait_for(registrar.applying.wait(), 5)
+    quotas.append({"spec": {"hard": {"configmaps": "2"}}})
+    registrar.quotas_changed()
+    registrar.applying.clear()
+    registrar.gate.set()
+    assert registrar._refresh is not None
+    await asyncio.wait_for(registrar._refresh, 5)
+    assert {GroupResource("", "pods"), GroupResource("", "configmaps")} == registrar._applied
+    assert registrar.rules_current()
+
+
+def test_rules_are_not_current_before_registration() -> None:
+    registrar = _SlowApply([])
+    assert not registrar.rules_current()  # nothing applied yet: no rule sends anything
+    assert registrar._refresh is None  # the registration itself applies them

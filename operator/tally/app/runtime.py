@@ -221,6 +221,7 @@ class Runtime:
             newest=self.cluster_quota_writer.newest,
             metrics_provider=self.metrics.workqueue,
             observer=self.metrics,
+            admission_ready=self._admission_rules_current,
         )
         # Admission judges the ClusterQuotas selecting a namespace beside its ResourceQuotas.
         self.accessor.cluster_quotas = ClusterQuotaBinding(
@@ -308,6 +309,11 @@ class Runtime:
                 raise
 
         return list_kind
+
+    def _admission_rules_current(self) -> bool:
+        """Whether the API server sends tally's webhook every kind the quotas name; True without
+        a registrar (the webhook is off: nothing to wait for)."""
+        return self.registrar is None or self.registrar.rules_current()
 
     def _relist_all(self) -> None:
         """Kopf re-listed one kind after a watch gap: every synced kind re-lists too. Kopf's

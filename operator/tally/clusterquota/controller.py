@@ -56,6 +56,10 @@ Obj = Mapping[str, Any]
 QUEUE: Final = "clusterquota"
 DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 DEFAULT_WORKERS: Final = 5
+FIRST_STATUS_WAIT_S: Final = 10.0
+"""The longest a new ClusterQuota's first status waits for tally's webhook rules to cover what
+it limits (they are applied within a few hundred milliseconds when the API is healthy)."""
+FIRST_STATUS_RECHECK_S: Final = 0.1
 
 
 class ClusterQuotaStatusWriter(Protocol):
@@ -88,8 +92,18 @@ class ClusterQuotaController:
         newest: Callable[[Obj], Obj] | None = None,
         metrics_provider: MetricsProvider | None = None,
         observer: SyncObserver | None = None,
+        admission_ready: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``admission_ready``: whether the API server now sends tally's webhook every kind the
+        ClusterQuotas name (the registrar's rules are current); a new ClusterQuota's first
+        status waits for it, up to :data:`FIRST_STATUS_WAIT_S`. None: never waits."""
         self.registry = registry
+        self.admission_ready = admission_ready
+        self._clock = clock
+        # ClusterQuotas whose first status waits for admission's rules, since when; an entry
+        # leaves when the status is written or the ClusterQuota is deleted.
+        self._first_status_waits: dict[str, float] = {}
         self.cluster_quotas = cluster_quotas
         """ClusterQuota objects, whole, keyed ``("", name)``."""
         self.namespaces = namespaces
@@ -156,6 +170,7 @@ class ClusterQuotaController:
     def on_cluster_quota(self, change: Change[Obj]) -> None:
         if change.kind is ChangeKind.DELETED:
             self._selectors.pop(change.name, None)
+            self._first_status_waits.pop(change.name, None)
             if self.observer is not None:
                 self.observer.cluster_quota_deleted(change.name)
             if self.charges is not None:
@@ -262,6 +277,25 @@ class ClusterQuotaController:
             used_by_namespace[namespace] = used
         return hard, used_by_namespace, errors
 
+    def _may_write_first_status(self, name: str) -> bool:
+        """A status with ``hard`` is what says a ClusterQuota is in force (admission judges by
+        it, users read it so). Written while the API server does not yet send tally's webhook
+        the kinds it limits, creations would pass unjudged: so the first one waits until the
+        rules are current, or :data:`FIRST_STATUS_WAIT_S` passed (a registrar that cannot
+        write them must not keep the usage unknown forever)."""
+        if self.admission_ready is None or self.admission_ready():
+            self._first_status_waits.pop(name, None)
+            return True
+        since = self._first_status_waits.setdefault(name, self._clock())
+        if self._clock() - since < FIRST_STATUS_WAIT_S:
+            return False
+        self._first_status_waits.pop(name, None)
+        logger.warning(
+            "cluster quota %s: tally's webhook rules still do not cover what it limits after "
+            "%.0f s; writing its first status anyway", name, FIRST_STATUS_WAIT_S,
+        )  # fmt: skip
+        return True
+
     def measured(self, hard: Mapping[str, Quantity]) -> list[str]:
         """The hard names some registered evaluator measures."""
         return sorted(
@@ -278,6 +312,9 @@ class ClusterQuotaController:
             # reported and left alone: retrying will not help.
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard))
+        if cluster.status_total(cq, "hard") is None and not self._may_write_first_status(name):
+            self.queue.add_after(name, FIRST_STATUS_RECHECK_S)
+            return
         if status != cq.get("status"):
             await self.writer.update_status(cq, status)
             if cluster.status_total(cq, "hard") is None:

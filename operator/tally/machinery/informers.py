@@ -111,9 +111,10 @@ class Informer(Generic[P]):
         change = self.store.delete(obj) if event_type == "DELETED" else self.store.upsert(obj)
         if change is not None:
             self._dispatch([change])
-        if event_type is None and self.store.synced and self.schedule_relist():
-            if self.on_gap is not None:
-                self.on_gap()
+        # A re-list scheduled here (not one already pending) is a new gap: tell the owner.
+        gap = event_type is None and self.store.synced and self.schedule_relist()
+        if gap and self.on_gap is not None:
+            self.on_gap()
 
     def _dispatch(self, changes: list[Change[P]]) -> None:
         for change in changes:

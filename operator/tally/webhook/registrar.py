@@ -106,6 +106,7 @@ class WebhookRegistrar:
         race each other into a 409 (or one overwriting the other with stale content)."""
         self._task: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
+        self._changed_during_refresh = False
         self.registered = asyncio.Event()
         self._stopped = False
         """Set by :meth:`stop`; from then on :meth:`apply` and the refreshes write nothing."""
@@ -224,19 +225,32 @@ class WebhookRegistrar:
 
     def quotas_changed(self) -> None:
         """A quota changed: re-apply if the set of ``count/`` resources did (debounced)."""
-        if (
-            self._stopped
-            or self._applied is None
-            or (self._refresh is not None and not self._refresh.done())
-        ):
+        if self._stopped or self._applied is None:
+            return
+        if self._refresh is not None and not self._refresh.done():
+            # The running refresh looks again when it is done: it may already have read the
+            # quotas (and be applying what they wanted before this change).
+            self._changed_during_refresh = True
             return
         self._refresh = start_watched(self._refresh_rules(), name="webhook-rules", logger=logger)
 
+    def rules_current(self) -> bool:
+        """Whether the applied rules are those the quotas call for now (registered, and no
+        change waiting); if not, a refresh is on its way."""
+        if self._applied is not None and not self._stopped and self._wanted() == self._applied:
+            return True
+        self.quotas_changed()
+        return False
+
     async def _refresh_rules(self) -> None:
-        await asyncio.sleep(REFRESH_DEBOUNCE_S)
-        if self._wanted() != self._applied:
-            await self.apply()
-            logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
+        while True:
+            self._changed_during_refresh = False
+            await asyncio.sleep(REFRESH_DEBOUNCE_S)
+            if self._wanted() != self._applied:
+                await self.apply()
+                logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
+            if not self._changed_during_refresh or self._stopped:
+                return
 
     async def stop(self, *, remove: bool) -> None:
         # From now on nothing is written but the removal: a leader that lost its Lease keeps
