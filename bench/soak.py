@@ -714,7 +714,7 @@ class Soak:
             detail["leader_after"] = new_leader.name if new_leader else None
         elif kind == "restart_apiserver":
             detail["unavailable_s"] = round(
-                await asyncio.to_thread(restart_apiserver, self.state), 2
+                await asyncio.to_thread(cluster.restart_apiserver, self.state), 2
             )
         elif kind == "pause_etcd":
             pid = self.state.pids["etcd"]
@@ -1224,29 +1224,6 @@ are judged against a full quota."""
 
 
 # -- the API server and the logs ------------------------------------------------------------
-
-
-def restart_apiserver(state: cluster.State) -> float:
-    """SIGTERM this plane's kube-apiserver and start it again with the same command line; the
-    seconds it was not serving (as ``tests/e2e/test_controller_restart.py`` does)."""
-    pid = state.pids["kube-apiserver"]
-    argv = [arg.decode() for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg]
-    stopped = time.monotonic()
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + cluster.STOP_TIMEOUT_S
-    while cluster._pid_runs(pid, "kube-apiserver"):
-        cluster._reap(pid)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    cluster._reap(pid)
-    cluster._spawn(state, "kube-apiserver", argv)
-    deadline = time.monotonic() + cluster.READY_TIMEOUT_S
-    while cluster.api_get(state, "/readyz")[0] != 200:
-        if time.monotonic() > deadline:
-            raise RuntimeError("kube-apiserver did not come back")
-        time.sleep(0.2)
-    return time.monotonic() - stopped
 
 
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")

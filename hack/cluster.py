@@ -743,6 +743,30 @@ def _spawn(state: State, component: str, argv: list[str]) -> None:
     state.save()
 
 
+def restart_apiserver(state: State) -> float:
+    """Stop this plane's kube-apiserver (SIGTERM; SIGKILL after ``STOP_TIMEOUT_S``) and start it
+    again with the same command line, for tests and the soak that take the API server away
+    under tally; returns the seconds it was not serving."""
+    pid = state.pids["kube-apiserver"]
+    argv = [arg.decode() for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg]
+    stopped = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _pid_runs(pid, "kube-apiserver"):
+        _reap(pid)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    _reap(pid)
+    _spawn(state, "kube-apiserver", argv)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while api_get(state, "/readyz")[0] != 200:
+        if time.monotonic() > deadline:
+            raise ClusterError("kube-apiserver did not come back after a restart")
+        time.sleep(0.2)
+    return time.monotonic() - stopped
+
+
 def up(
     directory: Path,
     mode: str,

@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import tempfile
 import threading
 import time
@@ -182,28 +180,6 @@ def proxied_kubeconfig(state: cluster.State, port: int, path: Path) -> Path:
     path.write_text(json.dumps(kubeconfig))
     path.chmod(0o600)
     return path
-
-
-def restart_apiserver(state: cluster.State) -> float:
-    """Stop this plane's kube-apiserver (SIGTERM) and start it again with the same command
-    line; returns the seconds it was not serving."""
-    pid = state.pids["kube-apiserver"]
-    argv = [arg.decode() for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg]
-    stopped = time.monotonic()
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + cluster.STOP_TIMEOUT_S
-    while cluster._pid_runs(pid, "kube-apiserver"):
-        cluster._reap(pid)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    cluster._reap(pid)
-    cluster._spawn(state, "kube-apiserver", argv)
-    deadline = time.monotonic() + cluster.READY_TIMEOUT_S
-    while cluster.api_get(state, "/readyz")[0] != 200:
-        assert time.monotonic() < deadline, "kube-apiserver did not come back"
-        time.sleep(0.2)
-    return time.monotonic() - stopped
 
 
 @pytest.fixture
@@ -491,7 +467,7 @@ async def test_objects_deleted_while_watches_are_cut_stop_counting(
         await core.delete_namespaced_service("np", namespace)
         down_for = 0.0
         if restart_server:
-            down_for = await asyncio.to_thread(restart_apiserver, own_plane)
+            down_for = await asyncio.to_thread(cluster.restart_apiserver, own_plane)
         # The deletions are done and (with a restart) the server's watch cache is fresh.
         after = {"q": {"pods": "1", "count/pods": "1", "requests.cpu": "300m",
                        "configmaps": "2", "secrets": "0", "services": "0",
