@@ -600,9 +600,7 @@ class QuotaEvaluator:
             # Until each write has landed or failed, the controllers' recalculations of these
             # quotas wait: they cannot tell whether the status they read holds these charges.
             writing = (
-                self._charges.writes_started(
-                    quota_key(quota_identity(batch.quotas[i])[1], batch.quotas[i]) for i in writes
-                )
+                self._charges.writes_started(_written_key(batch.quotas[i]) for i in writes)
                 if self._charges is not None
                 else []
             )
@@ -766,6 +764,13 @@ class QuotaEvaluator:
                 raise outcome  # CancelledError and friends
             failed.add(quota_identity(quotas[index]))
         return failed, lost, last_error
+
+
+def _written_key(quota: Quota) -> tuple[str, str]:
+    """The ledger's key of what one status write of ``quota`` covers: a ResourceQuota; a
+    ClusterQuota whole (the share of every namespace is in the one write)."""
+    _, namespace, _ = quota_identity(quota)
+    return quota_key(namespace, quota)
 
 
 def _namespace(waiter: _Waiter) -> str:
