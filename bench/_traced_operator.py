@@ -21,7 +21,10 @@ FRAMES = 6
 """Frames kept per allocation: enough to tell whose call made it, cheap enough to run under."""
 
 tracemalloc.start(FRAMES)
-runpy.run_path(str(Path(__file__).resolve().parents[1] / "operator" / "main.py"), run_name="tally")
+runpy.run_path(
+    str(Path(__file__).resolve().parents[1] / "operator" / "main.py"),
+    run_name="tally_operator_main",
+)
 _taken = 0
 
 
