@@ -68,7 +68,11 @@ def draw(result: dict[str, Any], path: Path) -> None:
             colours.append(REFERENCE_COLOUR)
         bars = axes.bar(labels, values, color=colours, width=0.6)
         axes.bar_label(bars, labels=[value_text(v) for v in values], fontsize=8, padding=2)
-        axes.set_ylim(0, max([*values, 0.0]) * 1.25 or 1.0)
+        # A figure may be below zero (a growth that was a shrink): the axis then reaches down.
+        low, high = min([*values, 0.0]) * 1.25, max([*values, 0.0]) * 1.25
+        axes.set_ylim(low, high if high or low else 1.0)
+        if low:
+            axes.axhline(0, color="black", linewidth=0.6)
         axes.set_ylabel(str(figure["unit"]), fontsize=8)
         axes.set_title(str(figure["name"]), fontsize=9)
         axes.tick_params(labelsize=8)
