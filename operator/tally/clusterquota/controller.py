@@ -304,6 +304,10 @@ class ClusterQuotaController:
 
     async def sync_cluster_quota(self, cq: Obj) -> None:
         name = cluster.name_of(cq)
+        first = cluster.status_total(cq, "hard") is None
+        if first and not self._may_write_first_status(name):
+            self.queue.add_after(name, FIRST_STATUS_RECHECK_S)
+            return  # nothing computed: asked again shortly
         started = time.monotonic()
         try:
             hard, used_by_namespace, errors = self.calculate(cq)
@@ -312,12 +316,9 @@ class ClusterQuotaController:
             # reported and left alone: retrying will not help.
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard))
-        if cluster.status_total(cq, "hard") is None and not self._may_write_first_status(name):
-            self.queue.add_after(name, FIRST_STATUS_RECHECK_S)
-            return
         if status != cq.get("status"):
             await self.writer.update_status(cq, status)
-            if cluster.status_total(cq, "hard") is None:
+            if first:
                 self.first_syncs.wrote_first(name)
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
