@@ -36,7 +36,9 @@ the start, so edits to the working tree during a long run never reach a restarte
   those windows.
 * **memory**: each replica's VmRSS every 2 s; the slope over the last half of the run by least
   squares, each process (a restarted replica is a new one) with its own intercept and its first
-  ``WARMUP_S`` left out.
+  ``WARMUP_S`` left out. ``--faults none`` runs the churn alone (processes that live the whole
+  run); ``--traced-every S`` runs the replicas under tracemalloc with a snapshot every S seconds
+  (what grows in the Python heap, as ``bench/memory.py`` reads it).
 
 Creation times are second-granular, so "created after the hard changed" means created at or
 after the next whole second. ClusterQuota membership follows a namespace's labels through
@@ -274,11 +276,15 @@ def leader_value(replica: Replica) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def snapshot_operator(into: Path) -> Path:
-    """A copy of ``operator/`` to run the replicas from; its ``main.py``."""
+def snapshot_operator(into: Path, traced: bool = False) -> Path:
+    """A copy of ``operator/`` to run the replicas from; its ``main.py``, or with ``traced``
+    a copy of ``bench/_traced_operator.py`` beside it that loads it under tracemalloc."""
     target = into / "operator"
     shutil.copytree(REPO / "operator", target, ignore=shutil.ignore_patterns("__pycache__"))
-    return target / "main.py"
+    if not traced:
+        return target / "main.py"
+    (into / "bench").mkdir()
+    return Path(shutil.copy(REPO / "bench" / "_traced_operator.py", into / "bench"))
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -294,6 +300,13 @@ class Settings:
     out_dir: Path = RESULTS
     name: str = "soak"
     logs: Path = Path(tempfile.gettempdir()) / "tally-soak-logs"
+    faults: tuple[str, ...] = FAULT_KINDS
+    """The fault kinds injected in turn; none gives a run of churn alone, whose processes live
+    the whole run (the memory slope of a process that no fault restarts)."""
+    traced_every_s: float = 0.0
+    """When positive, the replicas run under tracemalloc and write a snapshot of their traced
+    Python memory this often into ``<logs>/snapshots-<replica>-<process>/`` (to find what
+    grows; tracing slows tally and costs memory, so such a run's figures are not the soak's)."""
 
 
 @dataclass
@@ -683,6 +696,10 @@ class Soak:
 
     async def start_replica(self, replica: Replica) -> None:
         replica.incarnation += 1
+        if self.settings.traced_every_s > 0:
+            snapshots = self.settings.logs / f"snapshots-{replica.name}-{replica.incarnation}"
+            snapshots.mkdir(parents=True, exist_ok=True)
+            replica.process.extra_env["TALLY_BENCH_SNAPSHOTS"] = str(snapshots)
         await asyncio.to_thread(replica.process.start, 120.0, registered=False)
         replica.ready = True
 
@@ -783,7 +800,15 @@ class Soak:
                     replica.busy = False
 
     async def sample_memory(self) -> None:
+        every = self.settings.traced_every_s
+        next_snapshot = every
         while not self.stopping:
+            if every > 0 and self.now() >= next_snapshot:
+                next_snapshot += every
+                for replica in self.replicas:
+                    if replica.pid is not None and not replica.busy:
+                        with contextlib.suppress(OSError):
+                            os.kill(replica.pid, signal.SIGUSR1)
             for replica in self.replicas:
                 pid = replica.pid
                 if pid is None:
@@ -965,11 +990,12 @@ class Soak:
 
     async def run(self) -> None:
         total = self.settings.minutes * 60
-        cycles = max(len(FAULT_KINDS), round(total / CYCLE_S))
+        kinds = self.settings.faults
+        cycles = max(len(kinds), round(total / CYCLE_S))
         cycle = total / cycles
-        order: list[str] = []
+        order: list[str | None] = [] if kinds else [None] * cycles
         while len(order) < cycles:
-            round_ = list(FAULT_KINDS)
+            round_: list[str | None] = list(kinds)
             self.rng.shuffle(round_)
             order.extend(round_)
         workers = [asyncio.create_task(self.churn_client()) for _ in range(self.settings.clients)]
@@ -986,7 +1012,9 @@ class Soak:
                 await asyncio.sleep(
                     max(0.0, begin + self.rng.uniform(0.1, 0.35) * cycle - self.now())
                 )
-                await self.inject(order[index])
+                fault = order[index]
+                if fault is not None:
+                    await self.inject(fault)
                 await asyncio.sleep(max(3.0, churn_until - self.now()))
                 await self.quiet()
                 print(
@@ -1075,6 +1103,7 @@ class Soak:
                 "clients": self.settings.clients,
                 "rate_per_s": self.settings.rate,
                 "seed": self.settings.seed,
+                "faults": list(self.settings.faults),
                 "lease_s": [LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S],
             },
             "machine": _common.machine(),
@@ -1333,7 +1362,7 @@ async def soak(settings: Settings) -> dict[str, Any]:
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tally-soak-")))
-        entry_point = snapshot_operator(work)
+        entry_point = snapshot_operator(work, traced=settings.traced_every_s > 0)
         print("starting an operator-mode control plane ...", file=sys.stderr, flush=True)
         state = stack.enter_context(_common.control_plane("operator"))
         for crd in ("clusterquotas", "podsets"):
@@ -1352,7 +1381,7 @@ async def soak(settings: Settings) -> dict[str, Any]:
         )
         await balancer.start()
         env = {
-            "PYTHONPATH": str(entry_point.parent),
+            "PYTHONPATH": str(work / "operator"),
             "TALLY_NAMESPACE": OWN_NAMESPACE,
             "TALLY_LEADER_ELECTION": "true",
             "TALLY_LEADER_ELECTION_LEASE_DURATION": str(LEASE_DURATION_S),
@@ -1445,7 +1474,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--name", default="soak")
     parser.add_argument("--logs", type=Path, default=Settings.logs, help="the replicas' logs")
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULT_KINDS),
+        help="comma-separated fault kinds injected in turn, or none (default: every kind)",
+    )
+    parser.add_argument(
+        "--traced-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the replicas under tracemalloc, a snapshot this often (to find what grows)",
+    )
     args = parser.parse_args(argv)
+    faults = tuple(k for k in args.faults.split(",") if k and k != "none")
+    unknown = sorted(set(faults) - set(FAULT_KINDS))
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}: choose from {', '.join(FAULT_KINDS)}")
     settings = Settings(
         args.minutes,
         args.namespaces,
@@ -1455,6 +1500,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out_dir,
         args.name,
         args.logs,
+        faults,
+        args.traced_every,
     )
     result = asyncio.run(soak(settings))
     summary = {

@@ -89,3 +89,10 @@ def test_the_slope_is_common_to_every_process_and_ignores_their_levels() -> None
     samples += [(60.0 * m, 2, 50.0 + m) for m in range(6, 12)]
     assert 10.0 == soak.slope_per_10min(samples)
     assert None is soak.slope_per_10min(samples[:9])  # too few to say
+
+
+def test_fault_kinds_are_checked_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        soak.main(["--faults", "kill_leader,unplug"])
+    assert exited.value.code == 2
+    assert "unknown fault kinds ['unplug']" in capsys.readouterr().err

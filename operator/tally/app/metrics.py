@@ -154,6 +154,13 @@ class Metrics:
             ["identity"],
             registry=self.registry,
         )
+        self.heap_trim_duration = Histogram(
+            "tally_heap_trim_duration_seconds",
+            "Time one return of freed heap memory to the operating system took (glibc's "
+            "malloc_trim, every TALLY_HEAP_TRIM_PERIOD seconds, on a worker thread).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
         self.webhook_certificate_expiry = Gauge(
             "tally_webhook_certificate_expiry_timestamp_seconds",
             "notAfter, as Unix time, of the serving certificate the webhook server presents "
@@ -256,6 +263,9 @@ class Metrics:
     def enforcing(self, *, resource_quotas: bool) -> None:
         self.enforcing_gauge.labels("ResourceQuota").set(1 if resource_quotas else 0)
         self.enforcing_gauge.labels("ClusterQuota").set(1)
+
+    def heap_trimmed(self, seconds: float) -> None:
+        self.heap_trim_duration.observe(seconds)
 
     # -- leader election
 

@@ -46,6 +46,7 @@ from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.errors import internal_error
 from tally.admission.evaluator import QuotaEvaluator
+from tally.app.heap import HeapTrimmer, glibc_malloc_trim
 from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
@@ -144,6 +145,12 @@ class Runtime:
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
         self.metrics.leading(self.identity, False)
+        trim = glibc_malloc_trim() if settings.heap_trim_period else None
+        self.heap_trimmer = (
+            HeapTrimmer(trim, settings.heap_trim_period, self.metrics.heap_trimmed)
+            if trim is not None
+            else None
+        )
         # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
         # charges creates, spec growth and scale writes.
         self.registry.register(PodSetEvaluator())
@@ -520,6 +527,8 @@ class Runtime:
         self.dynamic.start()
         self.charges.start()
         self.admission.start()
+        if self.heap_trimmer is not None:
+            self.heap_trimmer.start()
         logger.info(
             "caches synced (%s); admission started",
             ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
@@ -787,6 +796,8 @@ class Runtime:
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
         await self.recorder.flush()
+        if self.heap_trimmer is not None:
+            await self.heap_trimmer.stop()
         await self._stop_metrics()
 
     async def _stop_metrics(self) -> None:

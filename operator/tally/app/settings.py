@@ -66,6 +66,9 @@ class Settings(BaseModel):
     (a request refused after tally allowed it, by another webhook or the API server). Must
     exceed the time any successful create takes from tally's answer to its watch event,
     including the other validating webhooks' latency (see ``tally.charges``)."""
+    heap_trim_period: float = Field(default=60.0, ge=0, le=86400)
+    """``TALLY_HEAP_TRIM_PERIOD``: seconds between returns of freed heap memory to the
+    operating system (glibc's ``malloc_trim``; see :mod:`tally.app.heap`); 0 turns it off."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""

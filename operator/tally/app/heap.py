@@ -1,0 +1,92 @@
+"""Returning the process's freed heap memory to the operating system, every so often.
+
+Why: CPython hands every allocation above 512 bytes (watch events' JSON, object bodies, TLS
+records) to the C library's ``malloc``. glibc keeps what is freed in its heap for reuse and
+gives the pages back only from the top of the heap, so a long-running tally's resident memory
+follows the high-water mark of its churn plus the holes between live blocks, not what it holds.
+Measured in a 20-minute soak without faults (``bench/soak.py --faults none``): resident memory
+rose 2.2-3.5 MiB per 10 minutes while the traced Python heap stayed within 1 MiB, and one
+``malloc_trim(0)`` gave 27 MiB back. ``malloc_trim`` releases every free page of every arena
+(``madvise``), which is what this runs periodically.
+
+The call runs on a worker thread: ctypes releases the GIL for it, so the event loop keeps
+serving reviews and events while glibc walks its arenas (a ``malloc`` on the loop waits only
+for the arena being trimmed). Where the C library has no ``malloc_trim`` (musl, macOS) nothing
+runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PERIOD_S: Final = 60.0
+
+
+def glibc_malloc_trim() -> Callable[[], bool] | None:
+    """glibc's ``malloc_trim(0)`` as a function (True when it released memory), or None where
+    the C library has none."""
+    try:
+        # The symbols the interpreter itself is linked with: the C library's, without a
+        # search of the library path.
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: bool(trim(0))
+
+
+class HeapTrimmer:
+    """Calls ``trim`` every ``period`` seconds on a worker thread until stopped; reports each
+    call's duration to ``observe``."""
+
+    def __init__(
+        self,
+        trim: Callable[[], bool],
+        period: float,
+        observe: Callable[[float], None] = lambda seconds: None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if period <= 0:
+            raise ValueError(f"the period must be positive, not {period}")
+        self._trim = trim
+        self._period = period
+        self._observe = observe
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self.trims = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="heap-trim")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period)
+            await self.trim_once()
+
+    async def trim_once(self) -> None:
+        started = self._clock()
+        try:
+            released = await asyncio.to_thread(self._trim)
+        except Exception:
+            # Memory not given back is no reason to stop trying, nor to stop the operator.
+            logger.exception("heap trim failed")
+            return
+        seconds = self._clock() - started
+        self.trims += 1
+        self._observe(seconds)
+        logger.debug("heap trimmed in %.1f ms (released: %s)", seconds * 1000, released)
