@@ -304,6 +304,43 @@ def ensure_binaries() -> Path:
     return build()
 
 
+def cached_tool_main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    what: str,
+    build: Callable[..., Path],
+    path: Callable[[], Path],
+    extra: dict[str, tuple[str, Callable[[], str]]] | None = None,
+) -> int:
+    """The CLI of a Go tool built into the cache beside the control plane (``hack/helm.py``,
+    ``hack/floor.py``): ``build [--force]`` prints the binary's path once it is there, ``path``
+    prints where it is (built or not), and each of ``extra`` (name: help, what to print)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_cmd = commands.add_parser("build", help=f"build {what} into the cache (skipped if there)")
+    build_cmd.add_argument("--force", action="store_true", help="rebuild even if cached")
+    commands.add_parser("path", help="print the cached binary's path (it may not be built yet)")
+    for name, (help_, _) in (extra or {}).items():
+        commands.add_parser(name, help=help_)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            print(build(force=args.force))
+        elif args.command == "path":
+            print(path())
+        else:
+            print((extra or {})[args.command][1]())
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # Certificates
 

@@ -18,7 +18,6 @@ Standard library only, plus ``hack/cluster.py``'s build helpers.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import sys
@@ -80,24 +79,14 @@ def ensure_floor() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hack/floor.py", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    build_cmd = commands.add_parser("build", help="build the floor webhook (skipped if cached)")
-    build_cmd.add_argument("--force", action="store_true", help="rebuild even if cached")
-    commands.add_parser("path", help="print the cached binary's path (it may not be built yet)")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "build":
-            print(build(force=args.force))
-        elif args.command == "path":
-            print(floor_dir() / FLOOR)
-    except cluster.ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return cluster.cached_tool_main(
+        argv,
+        prog="hack/floor.py",
+        description=__doc__.split("\n")[0],
+        what="the floor webhook",
+        build=build,
+        path=lambda: floor_dir() / FLOOR,
+    )
 
 
 if __name__ == "__main__":

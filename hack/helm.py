@@ -19,7 +19,6 @@ tests (``ensure_helm()``). Standard library only, plus ``hack/cluster.py``'s bui
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import re
@@ -124,27 +123,15 @@ def ensure_helm() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hack/helm.py", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    build_cmd = commands.add_parser("build", help="build Helm into the cache (skipped if there)")
-    build_cmd.add_argument("--force", action="store_true", help="rebuild even if cached")
-    commands.add_parser("path", help="print the cached binary's path (it may not be built yet)")
-    commands.add_parser("version", help="print the pinned Helm version")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "build":
-            print(build(force=args.force))
-        elif args.command == "path":
-            print(helm_dir() / HELM)
-        elif args.command == "version":
-            print(helm_version())
-    except cluster.ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return cluster.cached_tool_main(
+        argv,
+        prog="hack/helm.py",
+        description=__doc__.split("\n")[0],
+        what="Helm",
+        build=build,
+        path=lambda: helm_dir() / HELM,
+        extra={"version": ("print the pinned Helm version", helm_version)},
+    )
 
 
 if __name__ == "__main__":
