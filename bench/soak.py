@@ -36,9 +36,12 @@ the start, so edits to the working tree during a long run never reach a restarte
   those windows.
 * **memory**: each replica's VmRSS every 2 s; the slope over the last half of the run by least
   squares, each process (a restarted replica is a new one) with its own intercept and its first
-  ``WARMUP_S`` left out. ``--faults none`` runs the churn alone (processes that live the whole
-  run); ``--traced-every S`` runs the replicas under tracemalloc with a snapshot every S seconds
-  (what grows in the Python heap, as ``bench/memory.py`` reads it).
+  ``WARMUP_S`` left out; and the same with a process that takes the Lease starting a segment
+  there (the *steady-role* slope: a new leader's controllers and first syncs are a step, the
+  cost of the role, which the plain slope reads as growth). ``--faults none`` runs the churn
+  alone (processes that live the whole run); ``--traced-every S`` runs the replicas under
+  tracemalloc with a snapshot every S seconds (what grows in the Python heap, as
+  ``bench/memory.py`` reads it).
 
 Creation times are second-granular, so "created after the hard changed" means created at or
 after the next whole second. ClusterQuota membership follows a namespace's labels through
@@ -1068,15 +1071,9 @@ class Soak:
             samples = [(t, inc, mib) for t, name, inc, mib in self.rss if name == replica.name]
             if not samples:
                 continue
-            # Each process's samples after its warm-up; the slope is common, the intercepts not.
-            firsts: dict[int, float] = {}
-            for t, inc, _ in samples:
-                firsts.setdefault(inc, t)
-            half = [
-                (t, inc, mib)
-                for t, inc, mib in samples
-                if t >= total / 2 and t - firsts[inc] >= WARMUP_S
-            ]
+            taken = [at - self.t0 for at in acquisitions_in(replica.process.log)]
+            half = last_half(samples, total)
+            by_role = last_half(role_segments(samples, taken), total)
             report[replica.name] = {
                 "start_mib": round(samples[0][2], 1),
                 "end_mib": round(samples[-1][2], 1),
@@ -1084,6 +1081,9 @@ class Soak:
                 "processes": replica.incarnation,
                 "slope_mib_per_10min": slope_per_10min(half),
                 "slope_samples": len(half),
+                "leads_taken": len(taken),
+                "steady_role_slope_mib_per_10min": slope_per_10min(by_role),
+                "steady_role_samples": len(by_role),
             }
         return report
 
@@ -1258,6 +1258,28 @@ are judged against a full quota."""
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
 
 
+def _stamp_of(line: str) -> float | None:
+    stamp = _STAMP.match(line)
+    if stamp is None:
+        return None
+    return (
+        time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + int(stamp.group(2)) / 1000
+    )
+
+
+def acquisitions_in(log: Path) -> list[float]:
+    """When a replica's processes took the Lease (``leader election: … acquired lease``), in
+    the order of its log (every process of the replica appends to it)."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [
+        at
+        for line in lines
+        if "leader election:" in line and " acquired lease " in line
+        for at in [_stamp_of(line)]
+        if at is not None
+    ]
+
+
 def tracebacks_in(log: Path) -> list[tuple[float | None, str]]:
     """Each traceback in a replica's log with the time of the log line it follows."""
     found: list[tuple[float | None, str]] = []
@@ -1266,12 +1288,9 @@ def tracebacks_in(log: Path) -> list[tuple[float | None, str]]:
     index = 0
     while index < len(lines):
         line = lines[index]
-        stamp = _STAMP.match(line)
-        if stamp:
-            at = (
-                time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
-                + int(stamp.group(2)) / 1000
-            )
+        stamp = _stamp_of(line)
+        if stamp is not None:
+            at = stamp
         if line.startswith("Traceback (most recent call last)"):
             end = index + 1
             while (
@@ -1287,7 +1306,38 @@ def tracebacks_in(log: Path) -> list[tuple[float | None, str]]:
     return found
 
 
-def slope_per_10min(samples: list[tuple[float, int, float]]) -> float | None:
+Sample = tuple[float, int, float]
+"""Seconds into the run, the process (or segment) it belongs to, MiB."""
+
+
+def last_half(samples: list[Sample], total: float) -> list[Sample]:
+    """The (seconds, segment, MiB) samples of the run's last half, each segment's first
+    ``WARMUP_S`` left out."""
+    firsts: dict[int, float] = {}
+    for t, segment, _ in samples:
+        firsts.setdefault(segment, t)
+    return [
+        (t, segment, mib)
+        for t, segment, mib in samples
+        if t >= total / 2 and t - firsts[segment] >= WARMUP_S
+    ]
+
+
+def role_segments(samples: list[Sample], taken: list[float]) -> list[Sample]:
+    """(seconds, process, MiB) samples renumbered by process and role: a process that takes
+    the Lease at one of ``taken`` (seconds) starts a segment there, as a restarted one does.
+    A new leader starts its controllers and syncs every quota: a step in memory that is the
+    cost of the role, not growth."""
+    segments: dict[tuple[int, int], int] = {}
+    renumbered = []
+    for t, process, mib in samples:
+        role = sum(1 for at in taken if at <= t)
+        segment = segments.setdefault((process, role), len(segments))
+        renumbered.append((t, segment, mib))
+    return renumbered
+
+
+def slope_per_10min(samples: list[Sample]) -> float | None:
     """Least-squares slope (MiB per 10 minutes) of (seconds, process, MiB), one intercept per
     process; None with fewer than 10 samples."""
     if len(samples) < 10:
@@ -1453,6 +1503,13 @@ def figures(result: dict[str, Any]) -> list[_common.Figure]:
                 _common.Figure(
                     f"RSS slope, replica {name}", "MiB per 10 min",
                     float(memory["slope_mib_per_10min"]), None, target="< 1",
+                )
+            )  # fmt: skip
+        if memory.get("steady_role_slope_mib_per_10min") is not None:
+            found.append(
+                _common.Figure(
+                    f"RSS slope in a steady role, replica {name}", "MiB per 10 min",
+                    float(memory["steady_role_slope_mib_per_10min"]), None, target="< 1",
                 )
             )  # fmt: skip
     return found

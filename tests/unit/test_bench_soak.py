@@ -96,3 +96,42 @@ def test_fault_kinds_are_checked_before_anything_starts(capsys: pytest.CaptureFi
         soak.main(["--faults", "kill_leader,unplug"])
     assert exited.value.code == 2
     assert "unknown fault kinds ['unplug']" in capsys.readouterr().err
+
+
+def test_a_lead_taken_starts_a_segment_of_its_own(tmp_path: Path) -> None:
+    log = tmp_path / "tally-a.log"
+    log.write_text(
+        "[2026-11-26 10:00:00,000] tally.machinery.lead [INFO    ] leader election: x tries to "
+        "acquire lease ns/tally\n"
+        "[2026-11-26 10:00:30,500] tally.machinery.lead [INFO    ] leader election: x acquired "
+        "lease ns/tally\n"
+        "[2026-11-26 10:01:00,000] tally.app.runtime    [INFO    ] something else\n"
+    )
+    start = time.mktime(time.strptime("2026-11-26 10:00:00", "%Y-%m-%d %H:%M:%S"))
+    taken = [at - start for at in soak.acquisitions_in(log)]
+    assert taken == [30.5]
+    # Process 1 follows until 30.5 s, then leads; process 2 (a restart) follows.
+    samples = [(0.0, 1, 100.0), (30.0, 1, 100.0), (40.0, 1, 106.0), (50.0, 2, 90.0)]
+    assert soak.role_segments(samples, taken) == [
+        (0.0, 0, 100.0),
+        (30.0, 0, 100.0),
+        (40.0, 1, 106.0),
+        (50.0, 2, 90.0),
+    ]
+
+
+def test_a_step_at_a_lead_taken_is_no_slope_in_a_steady_role() -> None:
+    # 10 minutes: flat at 100 MiB as a follower, a 6 MiB step when the lead is taken at 300 s,
+    # flat again. One process: its slope sees the step; split by role, both halves are flat.
+    samples = [(float(t), 1, 100.0 if t < 300 else 106.0) for t in range(0, 600, 10)]
+    total = 600.0
+    half = soak.last_half(samples, total)
+    assert half[0][0] == 300.0  # the last half, the process's warm-up long over
+    step_slope = soak.slope_per_10min(half)
+    assert step_slope == 0.0  # the step fell at the start of the half: nothing after it
+    early = [(float(t), 1, 100.0 if t < 450 else 106.0) for t in range(0, 600, 10)]
+    assert (soak.slope_per_10min(soak.last_half(early, total)) or 0) > 10
+    by_role = soak.last_half(soak.role_segments(early, [450.0]), total)
+    # The segment that starts at 450 s loses its first WARMUP_S (60 s) like a new process.
+    assert min(t for t, segment, _ in by_role if segment == 1) == 510.0
+    assert soak.slope_per_10min(by_role) == 0.0
