@@ -325,13 +325,23 @@ def cached_tool_main(
     for name, (help_, _) in (extra or {}).items():
         commands.add_parser(name, help=help_)
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> None:
         if args.command == "build":
             print(build(force=args.force))
         elif args.command == "path":
             print(path())
         else:
             print((extra or {})[args.command][1]())
+
+    return run_cli(run)
+
+
+def run_cli(command: Callable[[], None]) -> int:
+    """A CLI's exit status: 0 once ``command`` ran, 1 on a :class:`ClusterError` (its message on
+    stderr), 130 on an interrupt."""
+    try:
+        command()
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -1095,32 +1105,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_cmd = commands.add_parser("status", help="show a control plane's state")
     status_cmd.add_argument("--dir", required=True, type=Path)
     args = parser.parse_args(argv)
+    return run_cli(lambda: _run_command(args))
 
-    try:
-        if args.command == "build":
-            print(build(force=args.force))
-            if args.conformance:
-                print(build_e2e_test(force=args.force) / E2E_TEST)
-        elif args.command == "version":
-            print(kubernetes_version())
-        elif args.command == "bin-dir":
-            print(bin_dir())
-        elif args.command == "up":
-            state = up(args.dir, args.mode, apiserver_port=args.apiserver_port)
-            _say(f"{state.mode} mode control plane ({state.version}) ready at {state.server}")
-            print(state.kubeconfig)
-        elif args.command == "down":
-            stopped = down(args.dir, clean=args.clean)
-            _say("stopped " + (", ".join(stopped) if stopped else "nothing (none running)"))
-        elif args.command == "status":
-            print(json.dumps(status(args.dir), indent=2))
-    except ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+def _run_command(args: argparse.Namespace) -> None:
+    if args.command == "build":
+        print(build(force=args.force))
+        if args.conformance:
+            print(build_e2e_test(force=args.force) / E2E_TEST)
+    elif args.command == "version":
+        print(kubernetes_version())
+    elif args.command == "bin-dir":
+        print(bin_dir())
+    elif args.command == "up":
+        state = up(args.dir, args.mode, apiserver_port=args.apiserver_port)
+        _say(f"{state.mode} mode control plane ({state.version}) ready at {state.server}")
+        print(state.kubeconfig)
+    elif args.command == "down":
+        stopped = down(args.dir, clean=args.clean)
+        _say("stopped " + (", ".join(stopped) if stopped else "nothing (none running)"))
+    elif args.command == "status":
+        print(json.dumps(status(args.dir), indent=2))
 
 
 if __name__ == "__main__":
