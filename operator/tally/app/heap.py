@@ -22,11 +22,8 @@ import ctypes
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PERIOD_S: Final = 60.0
 
 
 def glibc_malloc_trim() -> Callable[[], bool] | None:
