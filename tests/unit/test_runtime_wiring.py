@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally.app.runtime import PODS, RESOURCE_QUOTAS, Runtime
+from tally.app.runtime import CLUSTER_QUOTAS, PODS, RESOURCE_QUOTAS, Runtime
 from tally.app.settings import Settings
 from tally.charges import ObjectRef
 from tally.evaluators.base import GroupResource
@@ -156,3 +156,45 @@ async def test_the_heap_is_trimmed_unless_turned_off() -> None:
         assert runtime.heap_trimmer is not None  # glibc: see tests/unit/test_heap.py
     async for runtime in _runtime(heap_trim_period=0):
         assert runtime.heap_trimmer is None
+
+
+async def test_a_usage_write_does_not_send_discovery_through_every_quota(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Admission writes usage many times a second: neither the dynamic count/ kinds nor the
+    # webhook rules depend on it, only on the names in spec.hard and status.hard.
+    pokes: list[str] = []
+    monkeypatch.setattr(runtime.dynamic, "poke", lambda: pokes.append("poke"))
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("1", "2"))
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("3", "3"))
+    assert pokes == []
+    named = _quota("3", "4")
+    named["spec"]["hard"]["count/widgets.example.com"] = "5"
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", named)
+    assert pokes == ["poke"]
+    runtime.on_event(RESOURCE_QUOTAS, "DELETED", named)
+    assert pokes == ["poke", "poke"]
+
+
+async def test_a_cluster_quota_usage_write_does_not_poke_discovery(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pokes: list[str] = []
+    monkeypatch.setattr(runtime.dynamic, "poke", lambda: pokes.append("poke"))
+
+    def cq(used: str, version: str, hard: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "tally.dev/v1alpha1",
+            "kind": "ClusterQuota",
+            "metadata": {"name": "team", "uid": "u-cq", "resourceVersion": version},
+            "spec": {"quota": {"hard": hard}, "selector": {"labels": {"matchLabels": {}}}},
+            "status": {"total": {"hard": {"pods": "9"}, "used": {"pods": used}}},
+        }
+
+    runtime.on_event(CLUSTER_QUOTAS, "ADDED", cq("0", "1", {"pods": "9"}))
+    assert pokes == ["poke"]
+    runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", cq("1", "2", {"pods": "9"}))
+    runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", cq("2", "3", {"pods": "9"}))
+    assert pokes == ["poke"]
+    runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", cq("2", "4", {"pods": "9", "services": "1"}))
+    assert pokes == ["poke", "poke"]

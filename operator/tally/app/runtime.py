@@ -125,6 +125,17 @@ def _keep_whole(obj: Any) -> Any:
     return obj
 
 
+def hard_names(quota: Mapping[str, Any] | None) -> tuple[frozenset[str], frozenset[str]]:
+    """The resource names of a quota's ``spec.hard`` and ``status.hard``: all that the webhook
+    rules and the dynamic ``count/`` kinds read of it."""
+
+    def names(section: str) -> frozenset[str]:
+        hard = ((quota or {}).get(section) or {}).get("hard")
+        return frozenset(str(name) for name in hard) if isinstance(hard, Mapping) else frozenset()
+
+    return names("spec"), names("status")
+
+
 class Runtime:
     """tally's process-wide objects. Build with :meth:`start`; tear down with :meth:`stop`."""
 
@@ -360,9 +371,10 @@ class Runtime:
             if change.new is not None and self.enforces_resource_quotas:
                 self._report_status(change.new)
             count_quotas(change)
-            self.dynamic.poke()
-            if self.registrar is not None:
-                self.registrar.quotas_changed()
+            if change.kind is not ChangeKind.UPDATED or hard_names(change.old) != hard_names(
+                change.new
+            ):
+                self._quota_names_changed()
 
         self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
         for gr in (*TRACKED_CORE_KINDS, PODSETS):
@@ -407,6 +419,15 @@ class Runtime:
         if (change.old or {}).get("spec") != (change.new or {}).get("spec"):
             self._refresh_measures()  # not on status writes: admission makes many
         self.cluster_controller.on_cluster_quota(change)
+        if change.kind is not ChangeKind.UPDATED or hard_names(
+            cluster_quota.as_resource_quota(change.old or {}, "")
+        ) != hard_names(cluster_quota.as_resource_quota(change.new or {}, "")):
+            self._quota_names_changed()
+
+    def _quota_names_changed(self) -> None:
+        """The resources some quota names may have changed: the dynamic ``count/`` kinds and
+        the webhook rules follow. Not on a write of usage alone (admission makes many; each
+        would have both look through every quota again)."""
         self.dynamic.poke()
         if self.registrar is not None:
             self.registrar.quotas_changed()

@@ -37,9 +37,9 @@ only: every replica watches the same kinds, so that admission and a takeover fin
 synced). Problems are retried every period, so a CRD created after its quota is picked up
 within one period.
 
-A poke recomputes only the set of names (cheap; quota status writes poke too) and talks to
-discovery only when that set gained a resource. Transient discovery failures (5xx, connection)
-change nothing and are retried at the next period.
+A poke (a quota added, deleted, or naming other resources) recomputes only the set of names
+and talks to discovery only when that set gained a resource. Transient discovery failures (5xx,
+connection) change nothing and are retried at the next period.
 
 Pure parts (document parsing, the set computation, resolution over a fetch function) are
 plain functions over plain data, tested without a cluster.
