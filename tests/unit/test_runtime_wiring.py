@@ -198,3 +198,9 @@ async def test_a_cluster_quota_usage_write_does_not_poke_discovery(
     assert pokes == ["poke"]
     runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", cq("2", "4", {"pods": "9", "services": "1"}))
     assert pokes == ["poke", "poke"]
+    # Any other change of the spec too: a ClusterQuota's measures decide which kinds its names
+    # measure, and so which creations the webhook must see.
+    moved = cq("2", "5", {"pods": "9", "services": "1"})
+    moved["spec"]["selector"] = {"labels": {"matchLabels": {"team": "t1"}}}
+    runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", moved)
+    assert pokes == ["poke", "poke", "poke"]

@@ -125,15 +125,18 @@ def _keep_whole(obj: Any) -> Any:
     return obj
 
 
-def hard_names(quota: Mapping[str, Any] | None) -> tuple[frozenset[str], frozenset[str]]:
-    """The resource names of a quota's ``spec.hard`` and ``status.hard``: all that the webhook
-    rules and the dynamic ``count/`` kinds read of it."""
+def names_read(spec: object, status_hard: object) -> tuple[object, frozenset[str]]:
+    """What the webhook rules and the dynamic ``count/`` kinds read of a quota: its spec (the
+    names in its hard; a ClusterQuota's measures say which kinds those measure) and the names
+    in its status's hard. A write of usage alone leaves both as they were."""
+    names = frozenset(map(str, status_hard)) if isinstance(status_hard, Mapping) else frozenset()
+    return spec, names
 
-    def names(section: str) -> frozenset[str]:
-        hard = ((quota or {}).get(section) or {}).get("hard")
-        return frozenset(str(name) for name in hard) if isinstance(hard, Mapping) else frozenset()
 
-    return names("spec"), names("status")
+def _field(obj: object, name: str) -> Mapping[str, Any]:
+    """``obj[name]`` where both are objects, else empty: a malformed status reads as none."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
 
 
 class Runtime:
@@ -349,6 +352,7 @@ class Runtime:
 
         def on_quota(change: Change[Any]) -> None:
             # Quota projections are the whole objects: never None for the side that exists.
+            names_changed = True
             if change.kind is ChangeKind.DELETED:
                 old = change.old or {}
                 controller.delete_quota(old)
@@ -368,12 +372,13 @@ class Runtime:
                     str((new.get("metadata") or {}).get("resourceVersion") or ""),
                     raised_usage(old, new),
                 )
+                names_changed = names_read(
+                    old.get("spec"), _field(old, "status").get("hard")
+                ) != names_read(new.get("spec"), _field(new, "status").get("hard"))
             if change.new is not None and self.enforces_resource_quotas:
                 self._report_status(change.new)
             count_quotas(change)
-            if change.kind is not ChangeKind.UPDATED or hard_names(change.old) != hard_names(
-                change.new
-            ):
+            if names_changed:
                 self._quota_names_changed()
 
         self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
@@ -419,9 +424,10 @@ class Runtime:
         if (change.old or {}).get("spec") != (change.new or {}).get("spec"):
             self._refresh_measures()  # not on status writes: admission makes many
         self.cluster_controller.on_cluster_quota(change)
-        if change.kind is not ChangeKind.UPDATED or hard_names(
-            cluster_quota.as_resource_quota(change.old or {}, "")
-        ) != hard_names(cluster_quota.as_resource_quota(change.new or {}, "")):
+        old, new = change.old or {}, change.new or {}
+        if change.kind is not ChangeKind.UPDATED or names_read(
+            old.get("spec"), _field(_field(old, "status"), "total").get("hard")
+        ) != names_read(new.get("spec"), _field(_field(new, "status"), "total").get("hard")):
             self._quota_names_changed()
 
     def _quota_names_changed(self) -> None:
