@@ -25,6 +25,10 @@ event loop:
   that no recalculation erases it; when the pass ends, an allowed request's charge waits there
   for its object, and a request refused after part of its charge was written (or whose caller
   stopped waiting) gives that part back at once.
+* A ResourceQuota whose status holds such a charge is judged without it by this process's next
+  passes (:class:`_Overcharges`) for as long as its status is the version that write stored:
+  the recalculation that gives the charge back takes a moment, and the next request of the
+  namespace would otherwise be refused against usage that no object makes up.
 
 Statuses, and where tally's answer differs in form from upstream's:
 
@@ -91,6 +95,7 @@ from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
 from tally.quota import resources
 from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceList
 from tally.workqueue import Queue, ShutDown, start_watched
 
 __all__ = [
@@ -128,6 +133,10 @@ CONFLICT_BACKOFF_S: Final = 0.005
 each further retry up to twice as long, capped at :data:`CONFLICT_BACKOFF_MAX_S`: replicas
 whose passes collided then write at different moments."""
 CONFLICT_BACKOFF_MAX_S: Final = 0.1
+OVERCHARGE_MEMORY_S: Final = 60.0
+"""How long a charge written for a request that was then refused is remembered for the
+version of its quota that holds it: far longer than the recalculation that replaces that
+version takes, short enough that the memory stays small."""
 
 TIMED_OUT: Final = "resource quota evaluation timed out"
 SHUTTING_DOWN: Final = "resource quota evaluator is shutting down"
@@ -252,6 +261,78 @@ class _Waiter:
             self.future.set_result(verdict)
 
 
+@dataclass
+class _Overcharge:
+    version: str
+    """The quota's ``metadata.resourceVersion`` whose ``status.used`` holds ``amounts``."""
+    amounts: dict[str, Quantity]
+    since: float
+
+
+class _Overcharges:
+    """Charges this process wrote into ResourceQuotas' statuses for requests it then refused.
+
+    A pass writes every changed quota at once; when one write is lost and the retry refuses a
+    request, that request's charge is already in the other quotas' statuses until the
+    recalculation the ledger asks for lands. Judging the next requests against such a status,
+    minus those charges, is exact as long as the status read is the very version the write
+    stored (``metadata.resourceVersion``): a write that follows carries that version, so if
+    anyone changed the quota meanwhile it fails its compare-and-swap and is judged again
+    against the newer status, which this never touches.
+
+    ClusterQuotas are left out: their status also keeps each namespace's share, which a lower
+    total alone would leave inconsistent; their recalculation gives the charge back.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._by_quota: dict[tuple[str, str, str], _Overcharge] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_quota)
+
+    def add(
+        self, identity: tuple[str, str, str], version: str, amounts: Mapping[str, Quantity]
+    ) -> None:
+        """``amounts`` in the status ``version`` of quota ``identity`` charged nothing real."""
+        if not version:
+            return
+        now = self._clock()
+        self._forget_before(now - OVERCHARGE_MEMORY_S)
+        known = self._by_quota.get(identity)
+        if known is not None and known.version == version:
+            known.amounts = resources.add(known.amounts, amounts)
+        else:
+            self._by_quota[identity] = _Overcharge(version, dict(amounts), now)
+
+    def without(self, quotas: list[Quota]) -> list[Quota]:
+        """``quotas``, each whose status is a version holding overcharges without them."""
+        if not self._by_quota:
+            return quotas
+        self._forget_before(self._clock() - OVERCHARGE_MEMORY_S)
+        return [self._less(quota) for quota in quotas]
+
+    def _less(self, quota: Quota) -> Quota:
+        if quota.get("kind") == "ClusterQuota":
+            return quota
+        known = self._by_quota.get(quota_identity(quota))
+        if known is None or resource_version(quota) != known.version:
+            return quota
+        status = quota.get("status")
+        if not isinstance(status, Mapping):
+            return quota
+        try:
+            used = resources.parse_resource_list(status.get("used"), "status.used")
+        except resources.ResourceListError:
+            return quota  # the checks refuse it in their own words
+        less = resources.subtract_non_negative(used, resources.mask(known.amounts, used))
+        return {**quota, "status": {**status, "used": resources.to_strings(less)}}
+
+    def _forget_before(self, moment: float) -> None:
+        for identity in [i for i, o in self._by_quota.items() if o.since < moment]:
+            del self._by_quota[identity]
+
+
 class QuotaEvaluator:
     """Decides quota admission for requests, batching them per namespace (``quotaEvaluator``).
 
@@ -289,6 +370,7 @@ class QuotaEvaluator:
         self._conflict_retries = conflict_retries
         self._metrics: AdmissionMetrics = metrics if metrics is not None else NoopAdmissionMetrics()
         self._charges = charges
+        self._overcharges = _Overcharges()
         self._lane_of: Callable[[str], str] = lane_of or (lambda namespace: namespace)
         self.charges_resource_quotas = True
         """False where the cluster's own quota system enforces ResourceQuotas (it runs after
@@ -515,7 +597,9 @@ class QuotaEvaluator:
         """The quotas binding the requests of ``namespaces``, each once (a ClusterQuota's view
         may come from several), and which bind which request (None: one namespace, all)."""
         if len(namespaces) == 1:
-            return list(await self._accessor.get_quotas(namespaces[0])), None
+            return self._overcharges.without(
+                list(await self._accessor.get_quotas(namespaces[0]))
+            ), None
         combined: dict[tuple[str, str, str], Quota] = {}
         binding: dict[str, set[tuple[str, str, str]]] = {}
         for namespace in namespaces:
@@ -527,7 +611,7 @@ class QuotaEvaluator:
         def applies(request: Request, quota: Quota) -> bool:
             return quota_identity(quota) in binding.get(request.attributes.namespace, set())
 
-        return list(combined.values()), applies
+        return self._overcharges.without(list(combined.values())), applies
 
     async def check_quotas(
         self,
@@ -558,12 +642,17 @@ class QuotaEvaluator:
            retried quotas alone is enough.
         """
         charges: dict[int, Charge] = {}
+        written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]] = {}
         try:
             await self._check_quotas(
-                namespace, quotas, waiters, remaining_retries, charges, applies
+                namespace, quotas, waiters, remaining_retries, charges, written, applies
             )
         finally:
             self._settle_charges(waiters, charges)
+            for index, amounts in written.items():
+                if _gave_back(waiters[index]):
+                    for identity, (version, amount) in amounts.items():
+                        self._overcharges.add(identity, version, amount)
 
     async def _check_quotas(
         self,
@@ -572,11 +661,13 @@ class QuotaEvaluator:
         waiters: Sequence[_Waiter],
         remaining_retries: int,
         charges: dict[int, Charge],
+        written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]],
         applies: Callable[[Request, Quota], bool] | None,
     ) -> None:
         """:meth:`check_quotas`' phases; ``charges`` collects, per waiter, its charge in the
         ledger: what it is reserving or has reserved in each quota's status (a waiter refused
-        later may have some)."""
+        later may have some); ``written``, per waiter, what of it each ResourceQuota's stored
+        status holds, and that status's resourceVersion."""
         requests = [waiter.request for waiter in waiters]
         limited: Sequence[LimitedResource] = self._config.limited_resources
         conflict_retries = self._conflict_retries
@@ -605,7 +696,15 @@ class QuotaEvaluator:
                 else []
             )
             try:
-                failed, lost, last_error = await self._write(batch, writes, waiters)
+                stored, failed, lost, last_error = await self._write(batch, writes, waiters)
+                for index in pending:
+                    for quota_index, amount in batch.charges[index].items():
+                        charged = batch.quotas[quota_index]
+                        version = stored.get(quota_identity(charged))
+                        if version is not None and charged.get("kind") != "ClusterQuota":
+                            written.setdefault(index, {})[quota_identity(charged)] = (
+                                version, amount,
+                            )  # fmt: skip
                 if self._charges is not None:
                     for index in pending:
                         for quota_index in batch.charges[index]:
@@ -684,9 +783,7 @@ class QuotaEvaluator:
         if self._charges is None:
             return
         for index, charge in charges.items():
-            waiter = waiters[index]
-            allowed = waiter.future.done() and waiter.future.result() is None
-            if allowed and not waiter.abandoned:
+            if not _gave_back(waiters[index]):
                 continue
             self._charges.withdraw(charge)
             self._charges.release_now(charge.amounts)
@@ -734,19 +831,27 @@ class QuotaEvaluator:
 
     async def _write(
         self, batch: BatchResult, changed: Sequence[int], waiters: Sequence[_Waiter]
-    ) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]], AdmissionDenied | None]:
-        """Write the quotas ``changed`` indexes at once; the identities of those that failed,
-        of those among them that lost their compare-and-swap, and the last failure."""
+    ) -> tuple[
+        dict[tuple[str, str, str], str],
+        set[tuple[str, str, str]],
+        set[tuple[str, str, str]],
+        AdmissionDenied | None,
+    ]:
+        """Write the quotas ``changed`` indexes at once; the resourceVersion stored by each
+        that was written (by identity), the identities of those that failed, of those among
+        them that lost their compare-and-swap, and the last failure."""
         quotas = batch.quotas
         results = await asyncio.gather(
             *(self._update(index, batch, waiters) for index in changed),
             return_exceptions=True,
         )
+        stored: dict[tuple[str, str, str], str] = {}
         failed: set[tuple[str, str, str]] = set()
         lost: set[tuple[str, str, str]] = set()
         last_error: AdmissionDenied | None = None
         for index, outcome in zip(changed, results, strict=True):
             if not isinstance(outcome, BaseException):
+                stored[quota_identity(quotas[index])] = resource_version(outcome)
                 continue
             name = quota_name(quotas[index])
             if isinstance(outcome, Conflict):
@@ -763,7 +868,14 @@ class QuotaEvaluator:
             else:
                 raise outcome  # CancelledError and friends
             failed.add(quota_identity(quotas[index]))
-        return failed, lost, last_error
+        return stored, failed, lost, last_error
+
+
+def _gave_back(waiter: _Waiter) -> bool:
+    """Whether what was written for ``waiter`` charges nothing: it was refused, or its caller
+    stopped waiting (the API server has refused it)."""
+    allowed = waiter.future.done() and waiter.future.result() is None
+    return waiter.abandoned or not allowed
 
 
 def _written_key(quota: Quota) -> tuple[str, str]:

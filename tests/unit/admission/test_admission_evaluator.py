@@ -36,6 +36,7 @@ from tally.admission import (
     LimitedResource,
     QuotaEvaluator,
 )
+from tally.admission.evaluator import OVERCHARGE_MEMORY_S, _Overcharges
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
 from tally.evaluators.pods import PodEvaluator
@@ -1361,6 +1362,97 @@ async def test_a_request_refused_after_its_charge_was_written_is_released_at_onc
     assert {"pods": "1"} == accessor.used("a")
     assert 0 == len(ledger)
     assert [("test", "a")] == ledger.recalculated
+
+
+def losing_writes_of(name: str) -> Callable[[Obj], None]:
+    """``before_write`` for a quota whose every write loses its compare-and-swap."""
+    return lambda stored: bump(stored) if stored["metadata"]["name"] == name else None
+
+
+async def test_the_next_pass_judges_without_a_charge_written_for_a_refused_request(
+    running: list[QuotaEvaluator],
+) -> None:
+    # "a" (pods 1) is written for p1, "b" loses every compare-and-swap: p1 is refused and "a"
+    # says pods=1 with no pod behind it until a recalculation (none runs here). p2 comes
+    # while "a" is still that version: judged against pods=0, allowed, and "a" is written
+    # over that very version, so it ends at pods=1 for p2 alone.
+    accessor = FakeAccessor(
+        [
+            resource_quota("a", {"pods": "1"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    accessor.before_write = losing_writes_of("b")
+    ledger = RecordingLedger()
+    running.append(evaluator := handler(accessor, conflict_retries=1, charges=ledger))
+    denied = await validate(evaluator, create(uid_pod("p1", "u-1")))
+    assert denied is not None
+    assert 409 == denied.code
+    assert {"pods": "1"} == accessor.used("a")
+    overcharged = accessor.store[("test", "a")]["metadata"]["resourceVersion"]
+    accessor.before_write = None
+    assert await validate(evaluator, create(uid_pod("p2", "u-2"))) is None
+    assert {"pods": "1"} == accessor.used("a")
+    assert {"pods": "1"} == accessor.used("b")
+    written_a = [w for w in accessor.writes if w["metadata"]["name"] == "a"]
+    assert str(int(overcharged) + 1) == written_a[-1]["metadata"]["resourceVersion"]
+
+
+async def test_a_charge_for_a_refused_request_is_judged_again_once_its_quota_changed(
+    running: list[QuotaEvaluator],
+) -> None:
+    # As above, but "a" was written by someone else after p1 (a recalculation that counted
+    # something, or another replica): that status is the truth, so p2 is refused against it.
+    accessor = FakeAccessor(
+        [
+            resource_quota("a", {"pods": "1"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    accessor.before_write = losing_writes_of("b")
+    running.append(evaluator := handler(accessor, conflict_retries=1, charges=RecordingLedger()))
+    assert await validate(evaluator, create(uid_pod("p1", "u-1"))) is not None
+    bump(accessor.store[("test", "a")], {"pods": "1"})
+    accessor.before_write = None
+    denied = await validate(evaluator, create(uid_pod("p2", "u-2")))
+    assert denied is not None
+    assert (403, "exceeded quota: a, requested: pods=1, used: pods=1, limited: pods=1") == (
+        denied.code,
+        denied.message,
+    )
+
+
+async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_waits_for_its_recalculation(
+    running: list[QuotaEvaluator],
+) -> None:
+    # A ClusterQuota's status also keeps each namespace's share; a lower total alone would
+    # contradict it, so its charge is given back by its recalculation only.
+    accessor = FakeAccessor(
+        [
+            cluster_quota_view("cq", {"pods": "1"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    accessor.before_write = losing_writes_of("b")
+    running.append(evaluator := handler(accessor, conflict_retries=1, charges=RecordingLedger()))
+    assert await validate(evaluator, create(uid_pod("p1", "u-1"))) is not None
+    assert {"pods": "1"} == accessor.used("cq")
+    accessor.before_write = None
+    denied = await validate(evaluator, create(uid_pod("p2", "u-2")))
+    assert denied is not None
+    assert 403 == denied.code
+
+
+def test_charges_written_for_refused_requests_are_forgotten_after_a_minute() -> None:
+    now = [100.0]
+    overcharges = _Overcharges(clock=lambda: now[0])
+    quota = resource_quota("a", {"pods": "3"}, {"pods": "3"}, resource_version="7")
+    overcharges.add(("", "test", "a"), "7", {"pods": parse_quantity("1")})
+    overcharges.add(("", "test", "a"), "7", {"pods": parse_quantity("1")})
+    assert {"pods": "1"} == overcharges.without([quota])[0]["status"]["used"]
+    now[0] += OVERCHARGE_MEMORY_S + 1
+    assert [quota] == overcharges.without([quota])
+    assert 0 == len(overcharges)
 
 
 async def test_a_charge_whose_caller_gave_up_is_released(running: list[QuotaEvaluator]) -> None:
