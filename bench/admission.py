@@ -35,6 +35,13 @@ measured blocks. After the run, tally's and upstream's quota ``status.used.pods`
 pods admitted (every create charged exactly once), and the floor must have answered a review for
 every create admitted after its registration took effect.
 
+``--kopf-watch`` also runs, on tally's plane, a Kopf operator that only watches pods, with
+tally's Kopf settings and a handler that does nothing (``bench/_kopf_watch.py``): its CPU per
+create is what tally's pod watch costs before tally does anything with the event, the floor that
+watching through Kopf sets under tally's own CPU per create. It is measured beside tally's side
+(not counted in the side's total) and takes CPU from it, so that run's tally figures are a little
+slower than without it.
+
 Writes ``bench/results/admission.json`` and its picture (or ``--results``) with the figures of
 the modes that ran. Cleans up every control plane, tally and the floor whatever happens.
 
@@ -102,6 +109,9 @@ TARGET_P99_VS_FLOOR = 1.5
 TARGET_OPEN_P99_VS_UPSTREAM = 1.5
 TARGET_TALLY_CPU_MS = 0.6
 
+KOPF_WATCH = "kopf-watch"
+"""The process ``--kopf-watch`` measures beside tally's side; not part of any side's total."""
+
 OPEN_POOL = 64
 """Connections per side's client: enough that an open loop at half of upstream's capacity never
 waits for one unless the side stalls (a wait for a connection then counts in the latency, as
@@ -141,6 +151,7 @@ class Measured:
         values = self.latencies
         admitted = len(values)
         per_create = {name: s / admitted * 1000 for name, s in self.cpu_s.items()}
+        beside = per_create.get(KOPF_WATCH, 0.0)
         summary: dict[str, Any] = {
             "creates": admitted,
             "throughput_per_s": admitted / self.busy_s,
@@ -150,7 +161,7 @@ class Measured:
             "p99_9_ms": percentile(values, 0.999) * 1000,
             "max_ms": max(values) * 1000,
             "cpu_ms_per_create": per_create,
-            "cpu_ms_per_create_total": sum(per_create.values()),
+            "cpu_ms_per_create_total": sum(per_create.values()) - beside,
         }
         if self.send_lags:
             summary["send_lag_p99_ms"] = percentile(self.send_lags, 0.99) * 1000
@@ -381,6 +392,7 @@ class Run:
     rate_fraction: float
     seed: int
     floor_http1: bool
+    kopf_watch: bool
     capacity: float = 0.0
     """Upstream's closed-loop creates/s, which the open loop's default rate is a fraction of."""
     rate_used: float = 0.0
@@ -394,6 +406,7 @@ async def measure(
     tally_pid: int,
     floor_plane: cluster.State | None,
     floor: FloorWebhook | None,
+    kopf_watch_pid: int | None = None,
 ) -> list[Side]:
     pool = max(run.clients + 10, OPEN_POOL)
     sides = [
@@ -406,9 +419,10 @@ async def measure(
                  {**floor_plane.pids, "floor": floor.process.pid if floor.process else 0},
                  quota=False)
         )  # fmt: skip
+    beside = {KOPF_WATCH: kopf_watch_pid} if kopf_watch_pid is not None else {}
     sides.append(
         Side("tally", await api_client(operator.kubeconfig, pool=pool),
-             {**operator.pids, "tally": tally_pid}, quota=True)
+             {**operator.pids, "tally": tally_pid, **beside}, quota=True)
     )  # fmt: skip
     by_label = {side.label: side for side in sides}
     try:
@@ -547,7 +561,7 @@ def report_closed(summaries: dict[str, dict[str, Any]]) -> list[Figure]:
     ]  # fmt: skip
     floor = summaries.get("floor")
     if floor is None:
-        return figures
+        return figures + report_kopf_watch(tally["cpu_ms_per_create"])
     throughput = tally["throughput_per_s"] / floor["throughput_per_s"]
     p99 = tally["p99_ms"] / floor["p99_ms"]
     print(f"ratio tally/floor: p50 {tally['p50_ms'] / floor['p50_ms']:.2f}x, p99 {p99:.2f}x "
@@ -557,6 +571,7 @@ def report_closed(summaries: dict[str, dict[str, Any]]) -> list[Figure]:
           f"{floor['throughput_per_s'] / upstream['throughput_per_s']:.2f}x, p99 "
           f"{floor['p99_ms'] / upstream['p99_ms']:.2f}x")  # fmt: skip
     tally_cpu, floor_cpu = tally["cpu_ms_per_create"], floor["cpu_ms_per_create"]
+    figures += report_kopf_watch(tally_cpu)
     webhook = tally_cpu["tally"]
     print(f"webhook CPU per create: tally {webhook:.2f} ms "
           f"({verdict(webhook <= TARGET_TALLY_CPU_MS)} <= {TARGET_TALLY_CPU_MS} ms), floor "
@@ -575,6 +590,21 @@ def report_closed(summaries: dict[str, dict[str, Any]]) -> list[Figure]:
                reference_name="floor"),
     ]  # fmt: skip
     return figures
+
+
+def report_kopf_watch(tally_cpu: dict[str, float]) -> list[Figure]:
+    """With ``--kopf-watch``: tally's CPU per create against a Kopf pod watch's alone."""
+    kopf_watch = tally_cpu.get(KOPF_WATCH)
+    if kopf_watch is None:
+        return []
+    webhook = tally_cpu["tally"]
+    print(f"a Kopf pod watch alone (tally's Kopf settings, a handler doing nothing): "
+          f"{kopf_watch:.2f} ms per create; tally {webhook:.2f} ms, {webhook - kopf_watch:.2f} "
+          f"ms above it (target for all of tally: {TARGET_TALLY_CPU_MS} ms)")  # fmt: skip
+    return [
+        Figure("closed loop: CPU per create, tally vs a Kopf pod watch alone", "ms", webhook,
+               kopf_watch, reference_name="Kopf pod watch"),
+    ]  # fmt: skip
 
 
 def report_open(summaries: dict[str, dict[str, Any]], rate: float) -> list[Figure]:
@@ -629,6 +659,7 @@ def report(run: Run, sides: list[Side], metrics: dict[str, float], floor: FloorW
     result: dict[str, Any] = {
         "modes": run.modes, "clients": run.clients, "creates": run.creates,
         "open_creates": run.open_creates, "blocks": run.blocks, "floor_http1": run.floor_http1,
+        "kopf_watch": run.kopf_watch,
         "tally_revision": revision,
     }  # fmt: skip
     for mode in ("closed", "open"):
@@ -716,6 +747,10 @@ def main(argv: list[str] | None = None) -> int:
         "--floor-http1", action="store_true", help="the floor offers HTTP/1.1 only, as tally"
     )
     parser.add_argument(
+        "--kopf-watch", action="store_true",
+        help="also measure a Kopf pod watch alone on tally's plane (bench/_kopf_watch.py)",
+    )  # fmt: skip
+    parser.add_argument(
         "--results", type=Path, default=None, help="JSON to write (bench/results/admission.json)"
     )
     parser.add_argument(
@@ -724,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = [mode for mode in MODES if mode in (args.mode or ["closed"])]
     run = Run(modes, args.creates, args.clients, args.blocks, args.open_creates, args.rate,
-              args.rate_fraction, args.seed, args.floor_http1)  # fmt: skip
+              args.rate_fraction, args.seed, args.floor_http1, args.kopf_watch)  # fmt: skip
     with contextlib.ExitStack() as stack:
         with_floor = "floor" in modes or "open" in modes
         if with_floor:
@@ -753,8 +788,21 @@ def main(argv: list[str] | None = None) -> int:
         tally_process.start()
         assert tally_process.process is not None
         tally_pid = tally_process.process.pid
+        kopf_watch_pid: int | None = None
+        if args.kopf_watch:
+            watcher = operator_process.TallyProcess(
+                Path(operator.kubeconfig), log.with_name("kopf-watch.log"),
+                bin_dir=Path(operator.bin_dir), entry_point=REPO / "bench" / "_kopf_watch.py",
+                env={"TALLY_WEBHOOK_ENABLED": "false"},  # start() then waits for liveness only
+            )  # fmt: skip
+            stack.callback(watcher.kill)
+            watcher.start()
+            assert watcher.process is not None
+            kopf_watch_pid = watcher.process.pid
         print("measuring ...", file=sys.stderr)
-        sides = asyncio.run(measure(run, reference, operator, tally_pid, floor_plane, floor))
+        sides = asyncio.run(
+            measure(run, reference, operator, tally_pid, floor_plane, floor, kopf_watch_pid)
+        )
         metrics = tally_metrics(tally_process.metrics_url)
         if floor is not None:
             floor.stop()

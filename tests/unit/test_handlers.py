@@ -6,6 +6,7 @@ import kopf
 import pytest
 
 import tally.app.handlers as handlers
+from tally.app import kopf_settings
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +21,7 @@ def test_no_change_or_spawning_handlers_are_registered() -> None:
 
 
 def test_the_diff_base_builds_nothing_and_refuses_to_store() -> None:
-    storage = handlers.NoEssenceDiffBase()
+    storage = kopf_settings.NoEssenceDiffBase()
     body = kopf.Body({"metadata": {"name": "p"}, "spec": {"a": 1}})
     assert storage.build(body=body) is None
     assert storage.fetch(body=body) is None

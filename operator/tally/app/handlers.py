@@ -29,6 +29,7 @@ from typing import Any
 
 import kopf
 
+from tally.app.kopf_settings import configure_kopf
 from tally.app.runtime import (
     CLUSTER_QUOTAS,
     NAMESPACES,
@@ -45,28 +46,6 @@ from tally.podset import client as podset_client
 logger = logging.getLogger(__name__)
 
 
-class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """Kopf's diff base, turned off: tally has no change handlers (create/update/resume/field).
-
-    For every watch event Kopf builds the object's "essence" (a deep copy minus system
-    fields) and diffs it against the last handled one, but only change handlers read that
-    diff; on.event handlers do not. Measured under bench/admission.py, the deep copies were
-    the largest single cost of a pod event in tally. ``fetch``/``build`` return None, for
-    which Kopf skips the progress cleaning and computes an empty diff; ``store`` (called only
-    after change handlers) refuses, so a change handler added later fails loudly instead of
-    seeing no changes. ``tests/unit/test_handlers.py`` checks that none is registered.
-    """
-
-    def build(self, **_: Any) -> Any:
-        return None
-
-    def fetch(self, **_: Any) -> Any:
-        return None
-
-    def store(self, **_: Any) -> None:
-        raise RuntimeError("tally registers no change handlers; Kopf's diff base is off")
-
-
 STARTUP_RETRY_S = 2.0
 """Seconds before a failed start (the API server unreachable, a LIST refused) is tried again.
 Kopf's default is 60: a replica restarted while the API server was down stayed unready for a
@@ -75,24 +54,7 @@ minute after it came back."""
 
 @kopf.on.startup(backoff=STARTUP_RETRY_S)
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # No Kopf peering: peering is not leader election (no lease, no fencing, and paused peers
-    # would still serve webhooks). Which replica runs the controllers is tally's own Lease
-    # (TALLY_LEADER_ELECTION, tally.machinery.leaderelection); Kopf watches on every replica.
-    settings.peering.standalone = True
-    # Kopf's own per-handler events would be posted onto objects tally does not own.
-    settings.posting.enabled = False
-    settings.persistence.diffbase_storage = NoEssenceDiffBase()
-    # Memory at scale (bench/scale.py, 10 000 pods): Kopf's initial LIST in pages rather than
-    # one response, and per-object workers that exit soon after their last event — an idle
-    # worker holds that event's whole body for idle_timeout (5 s by default), so the initial
-    # listing kept thousands of raw bodies alive at once.
-    settings.watching.chunk_size = 500
-    settings.queueing.idle_timeout = 0.5
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    # Kopf logs every handler run at INFO; for caches fed by every pod event that is noise
-    # (and cost). Failures still log at ERROR.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    configure_kopf(settings)
     try:
         config = Settings.from_env()
     except SettingsError as error:
