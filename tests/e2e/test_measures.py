@@ -12,7 +12,10 @@ in another, 100 GB (gold) in a namespace the ClusterQuota does not select.
 * bad input: an expression that does not compile refused when the ClusterQuota is written
   (the compiler's message, nothing stored); one that fails on an object (a missing field) or
   returns text that is not a quantity refuses that object's create with the error, never
-  charging it zero, and so does one past the cost limit; tally keeps running.
+  charging it zero, and so does one past the cost limit; tally keeps running;
+* an object that already exists and a measure fails on: the status's ``UsageComputed``
+  condition turns ``False`` naming it, one Warning Event on the ClusterQuota says so, and the
+  update that fixes the object is admitted and charged, after which the condition is ``True``.
 """
 
 from __future__ import annotations
@@ -248,3 +251,66 @@ async def test_an_expression_failing_on_an_object_refuses_it_and_charges_nothing
     assert operator.process.poll() is None, operator.log_text()
     await asyncio.sleep(1.0)
     assert {replicas: "0", tier: "0"} == total_used(await team.status(name))
+
+
+def usage_computed(status: dict[str, Any]) -> dict[str, Any] | None:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "UsageComputed":
+            return dict(condition)
+    return None
+
+
+async def test_a_measure_failing_on_an_existing_object_is_reported_until_it_is_fixed(
+    team: Team,
+) -> None:
+    (member,) = await team.member_namespaces(1)
+    replicas = f"e{ID}.example.com/replicas"
+    # Both exist before any quota measures them; "bad" has no spec.replicas.
+    await database(team, member, "good", replicas=2)
+    await database(team, member, "bad", tier="gold")
+    name = await team.cluster_quota(
+        {replicas: "10"}, measures=[measure(replicas, "object.spec.replicas")]
+    )
+
+    def failing(status: dict[str, Any]) -> bool:
+        condition = usage_computed(status)
+        return condition is not None and condition["status"] == "False"
+
+    status = await eventually(
+        lambda: team.status(name), until=failing, within=30, what="UsageComputed False"
+    )
+    condition = usage_computed(status)
+    assert condition is not None
+    assert "EvaluationFailed" == condition["reason"]
+    assert f"measure '{replicas}': {PLURAL}.{GROUP} {member}/bad: " in condition["message"], (
+        condition
+    )
+    assert "no such key: replicas" in condition["message"], condition
+
+    async def warnings() -> list[tuple[str, str, str]]:
+        found = await team.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={name}"
+        )
+        return [(e.type, e.reason, e.involved_object.kind) for e in found.items]
+
+    # A ClusterQuota is cluster-scoped: its Events live in "default", as client-go puts them.
+    assert [("Warning", "EvaluationFailed", "ClusterQuota")] == await eventually(
+        warnings, until=bool, within=30, what="the Warning Event"
+    )
+
+    # The fix is an update: admitted, and charged the measure's whole new value.
+    await judged(team, member)
+    await team.custom.patch_namespaced_custom_object(
+        GROUP, "v1", member, PLURAL, "bad", {"spec": {"replicas": 3}}, _content_type=MERGE_PATCH
+    )
+
+    def computed(status: dict[str, Any]) -> bool:
+        condition = usage_computed(status)
+        return (
+            condition is not None
+            and condition["status"] == "True"
+            and total_used(status) == {replicas: "5"}
+        )
+
+    await eventually(lambda: team.status(name), until=computed, within=30, what="computed: 5")
+    assert 1 == len(await warnings())

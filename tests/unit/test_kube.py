@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes_asyncio import client
 
 from tally.kube import rest
+from tally.kube.events import WarningRecorder
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +83,50 @@ async def test_a_configured_proxy_is_kept(clean_proxy_env: pytest.MonkeyPatch) -
         assert api.rest_client.pool_manager.trust_env is False
     finally:
         await api.close()
+
+
+# -- Warning Events (tally.kube.events)
+
+
+class RecordingApi:
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, Any]] = []
+
+    async def call_api(self, path: str, method: str, **kwargs: Any) -> Any:
+        assert "POST" == method
+        self.posts.append((path, kwargs["body"]))
+        return kwargs["body"]
+
+
+async def test_a_warning_about_a_cluster_scoped_object_lives_in_default() -> None:
+    # client-go's rule: an Event about a cluster-scoped object goes to namespace "default",
+    # and its involvedObject has no namespace.
+    api = RecordingApi()
+    recorder = WarningRecorder(
+        api,  # type: ignore[arg-type]
+        kind="ClusterQuota", api_version="tally.dev/v1alpha1", component="tally",
+    )  # fmt: skip
+    cq = {"metadata": {"name": "team", "uid": "u-1", "resourceVersion": "9"}}
+    await recorder.warn(cq, "EvaluationFailed", "m" * 2000)
+    ((path, body),) = api.posts
+    assert "/api/v1/namespaces/default/events" == path
+    assert {"apiVersion": "tally.dev/v1alpha1", "kind": "ClusterQuota", "name": "team",
+            "uid": "u-1", "resourceVersion": "9"} == body["involvedObject"]  # fmt: skip
+    assert ("Warning", "EvaluationFailed", 1024) == (
+        body["type"], body["reason"], len(body["message"])
+    )  # fmt: skip
+    assert body["metadata"]["name"].startswith("team.")
+
+
+async def test_a_warning_about_a_namespaced_object_lives_beside_it() -> None:
+    api = RecordingApi()
+    recorder = WarningRecorder(
+        api,  # type: ignore[arg-type]
+        kind="ResourceQuota", api_version="v1", component="tally",
+    )  # fmt: skip
+    await recorder.warn({"metadata": {"name": "q", "namespace": "team-a"}}, "R", "words")
+    ((path, body),) = api.posts
+    assert "/api/v1/namespaces/team-a/events" == path
+    assert ("team-a", "ResourceQuota") == (
+        body["involvedObject"]["namespace"], body["involvedObject"]["kind"]
+    )  # fmt: skip

@@ -58,6 +58,8 @@ from tally.evaluators.base import (
     ScopeRequirement,
     quota_scopes,
 )
+from tally.evaluators.measured import MeasuredEvaluator
+from tally.measures import MeasureEvaluationError
 from tally.quota import resources as quota
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
@@ -249,6 +251,23 @@ def check_request_charges(
         raise unknown_error(str(error)) from error
 
 
+def _stored_usage(evaluator: Evaluator, old_obj: Any) -> ResourceList:
+    """What the object as stored uses, which an update is charged above.
+
+    A stored object a ClusterQuota measure fails on (it predates the measure, or got in while
+    the webhook was down) cannot be charged by that measure; the update that fixes it is
+    charged the measure's whole new value instead of being refused, which would leave deleting
+    the object as the only fix. At worst that is more than its share until the next
+    recalculation, never less.
+    """
+    try:
+        return evaluator.usage(old_obj)
+    except MeasureEvaluationError:
+        if isinstance(evaluator, MeasuredEvaluator):
+            return evaluator.computable_usage(old_obj)
+        raise
+
+
 def _check_request(
     quotas: Sequence[Quota],
     attributes: Attributes,
@@ -315,7 +334,7 @@ def _check_request(
             raise forbidden(PRIOR_VERSION_NOT_FOUND)
         if resource_version(old_obj):
             # Not a create-on-update: charge only the growth.
-            delta = quota.subtract_non_negative(input_usage, evaluator.usage(old_obj))
+            delta = quota.subtract_non_negative(input_usage, _stored_usage(evaluator, old_obj))
             if not interesting:
                 delta_without_quota = delta
             for index in interesting:

@@ -62,6 +62,7 @@ from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
+from tally.kube.events import WarningRecorder
 from tally.kube.lease_lock import KubeLeaseLock
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
@@ -72,7 +73,7 @@ from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
-from tally.resourcequota.discovery import DynamicKinds
+from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
 from tally.resourcequota.replenishment import replenisher
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,
@@ -243,6 +244,12 @@ class Runtime:
             metrics_provider=self.metrics.workqueue,
             observer=self.metrics,
             admission_ready=self._admission_rules_current,
+            recorder=WarningRecorder(
+                api,
+                kind=cluster_quotas.KIND,
+                api_version=f"{cluster_quotas.GROUP}/{cluster_quotas.VERSION}",
+                component=EVENT_COMPONENT,
+            ),
         )
         # Admission judges the ClusterQuotas selecting a namespace beside its ResourceQuotas.
         self.accessor.cluster_quotas = ClusterQuotaBinding(

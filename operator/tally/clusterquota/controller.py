@@ -15,6 +15,13 @@ What enqueues a ClusterQuota:
   admission did not charge;
 * a released charge (:mod:`tally.charges`), and the full resync.
 
+When an evaluator fails on an object (a measure whose expression fails on it), the sync still
+writes what it could compute, keeps the failed names' last values, and sets the status's
+``UsageComputed`` condition to ``False`` with the error (which names the object); a Warning
+Event on the ClusterQuota marks the moment it turned ``False``. The sync is then retried with
+the controller's back-off, and the condition returns to ``True`` once the object is fixed or
+gone.
+
 Charges admission wrote for objects the caches do not show yet hold usage, per namespace, as
 for a ResourceQuota (:func:`tally.charges.hold_pending`), and a sync waits while admission is
 writing the ClusterQuota's status (:meth:`tally.charges.ChargeLedger.defer_sync`).
@@ -33,6 +40,7 @@ from typing import Any, Final, Protocol
 from tally.charges import ChargeLedger, FirstSyncs, cluster_quota_key, hold_pending
 from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally.clusterquota import quota as cluster
+from tally.clusterquota.measures import measure_specs
 from tally.evaluators.base import GroupResource, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.machinery.cache import Change, ChangeKind, Store
@@ -69,6 +77,12 @@ class ClusterQuotaStatusWriter(Protocol):
         ...
 
 
+class WarningRecorder(Protocol):
+    async def warn(self, obj: Obj, reason: str, message: str) -> None:
+        """Record a Warning Event about ``obj``; may raise (the sync logs it and goes on)."""
+        ...
+
+
 class SyncObserver(Protocol):
     def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None: ...
 
@@ -94,11 +108,17 @@ class ClusterQuotaController:
         observer: SyncObserver | None = None,
         admission_ready: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        recorder: WarningRecorder | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``admission_ready``: whether the API server now sends tally's webhook every kind the
         ClusterQuotas name (the registrar's rules are current); a new ClusterQuota's first
-        status waits for it, up to :data:`FIRST_STATUS_WAIT_S`. None: never waits."""
+        status waits for it, up to :data:`FIRST_STATUS_WAIT_S`. None: never waits.
+        ``recorder``: where a ClusterQuota whose usage stopped being computed gets its Warning
+        Event (None: none); ``wall_clock``: the time conditions carry."""
         self.registry = registry
+        self.recorder = recorder
+        self._wall_clock = wall_clock
         self.admission_ready = admission_ready
         self._clock = clock
         # ClusterQuotas whose first status waits for admission's rules, since when; an entry
@@ -234,9 +254,10 @@ class ClusterQuotaController:
 
     def calculate(
         self, cq: Obj
-    ) -> tuple[dict[str, Quantity], dict[str, dict[str, Quantity]], list[Exception]]:
-        """(hard, used by selected namespace, evaluator errors) as the next status write would
-        carry them; a name an evaluator failed on keeps its last observation.
+    ) -> tuple[dict[str, Quantity], dict[str, dict[str, Quantity]], list[Exception], list[str]]:
+        """(hard, used by selected namespace, evaluator errors, hard names whose kind has no
+        cache yet) as the next status write would carry them; a name an evaluator failed on, or
+        whose kind has no cache, keeps its last observation.
 
         Raises :class:`cluster.InvalidClusterQuota` for a spec it cannot use.
         """
@@ -275,7 +296,17 @@ class ClusterQuotaController:
                     used, last, self.charges.held(cluster_quota_key(namespace, name))
                 )
             used_by_namespace[namespace] = used
-        return hard, used_by_namespace, errors
+        # Names this ClusterQuota measures that no evaluator answers for yet (its kind is
+        # being listed, or its evaluator replaced after a change of measures) were not
+        # computed either.
+        answered = set(self.measured(hard))
+        unmeasured = [
+            str(spec.get("name"))
+            for spec in measure_specs(cq)
+            if isinstance(spec, Mapping) and spec.get("name") in hard
+            and spec.get("name") not in answered
+        ]  # fmt: skip
+        return hard, used_by_namespace, errors, sorted({*unstored, *unmeasured})
 
     def _may_write_first_status(self, name: str) -> bool:
         """A status with ``hard`` is what says a ClusterQuota is in force (admission judges by
@@ -310,22 +341,38 @@ class ClusterQuotaController:
             return  # nothing computed: asked again shortly
         started = time.monotonic()
         try:
-            hard, used_by_namespace, errors = self.calculate(cq)
+            hard, used_by_namespace, errors, pending = self.calculate(cq)
         except cluster.InvalidClusterQuota as invalid:
             # Refused by the webhook when written; one that got in anyway (webhook down) is
             # reported and left alone: retrying will not help.
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
-        status = cluster.build_status(hard, used_by_namespace, self.measured(hard))
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
+        computed = cluster.usage_computed(cq, [str(error) for error in errors], now, pending)
+        status = cluster.build_status(hard, used_by_namespace, self.measured(hard), [computed])
         if status != cq.get("status"):
             await self.writer.update_status(cq, status)
             if first:
                 self.first_syncs.wrote_first(name)
+            was = cluster.condition(cq, cluster.USAGE_COMPUTED)
+            if computed["status"] == "False" and (was is None or was.get("status") != "False"):
+                await self._warn(cq, computed["reason"], computed["message"])
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
         if self.observer is not None:
             self.observer.cluster_quota_synced(name, status)
         if errors:
             raise UsageError({}, errors)
+
+    async def _warn(self, cq: Obj, reason: str, message: str) -> None:
+        if self.recorder is None:
+            return
+        try:
+            await self.recorder.warn(cq, reason, message)
+        except Exception as error:
+            # The condition says it already; a lost Event must not fail the sync.
+            logger.warning(
+                "cluster quota %s: recording a Warning Event failed: %s", cluster.name_of(cq), error
+            )
 
     # -- running
 

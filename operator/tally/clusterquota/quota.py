@@ -11,7 +11,11 @@ The status is OpenShift's ClusterResourceQuota shape, which users know: ``total`
 ``used``) and ``namespaces`` (``[{namespace, status: {used}}]``, sorted by namespace; unlike
 OpenShift, a selected namespace that uses nothing is not listed), plus two fields for ``kubectl
 get``'s columns (``namespaceCount``: every selected namespace; ``mostUsed``). ``total.used`` is
-exactly the sum of the namespaces' ``used``.
+exactly the sum of the namespaces' ``used``. One condition in ``conditions`` (the
+``metav1.Condition`` shape), :data:`USAGE_COMPUTED`, says whether every object's usage could be
+computed: ``False`` while a measure fails on an object that exists (its message names the
+object and the error; the usage controller then keeps that name's last value), so a status that
+stopped moving says why.
 
 Pure: plain JSON in and out; selector and quantity parsing from the core.
 """
@@ -28,6 +32,15 @@ from tally.quota.quantity import ZERO, Quantity
 from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
 
 Obj = Mapping[str, Any]
+
+USAGE_COMPUTED: Final = "UsageComputed"
+"""The condition type: every object's usage of every hard name was computed at the last sync."""
+REASON_COMPUTED: Final = "Computed"
+REASON_EVALUATION_FAILED: Final = "EvaluationFailed"
+REASON_PENDING: Final = "Pending"
+CONDITION_MESSAGE_ERRORS: Final = 3
+"""Errors a condition's message quotes; the rest are counted."""
+CONDITION_MESSAGE_MAX: Final = 1024
 
 KIND: Final = "ClusterQuota"
 """``kind`` of the views :func:`as_resource_quota` makes: admission words its messages by it."""
@@ -149,10 +162,11 @@ def build_status(
     hard_list: ResourceList,
     used_by_namespace: Mapping[str, ResourceList],
     measured: Iterable[str],
+    conditions: Iterable[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The status a sync writes: ``total.used`` is the sum of the namespaces' ``used``, with
     a zero for every ``measured`` name (the hard names some evaluator measures) that no
-    namespace uses."""
+    namespace uses; ``conditions`` as given (none: no field)."""
     total: dict[str, Quantity] = dict.fromkeys(measured, ZERO)
     for used in used_by_namespace.values():
         total = resources.add(total, used)
@@ -169,6 +183,58 @@ def build_status(
         ],
         "namespaceCount": len(used_by_namespace),
         "mostUsed": most_used(hard_list, total),
+        **({"conditions": [dict(c) for c in conditions]} if conditions is not None else {}),
+    }
+
+
+def condition(cq: Obj, type_: str) -> Obj | None:
+    """The condition ``type_`` in ``cq``'s status, if any."""
+    status = cq.get("status")
+    found = status.get("conditions") if isinstance(status, Mapping) else None
+    for entry in found if isinstance(found, list) else []:
+        if isinstance(entry, Mapping) and entry.get("type") == type_:
+            return entry
+    return None
+
+
+def usage_computed(
+    cq: Obj, failures: Iterable[str], now: str, pending: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The :data:`USAGE_COMPUTED` condition the next status of ``cq`` carries: ``False`` with
+    ``failures`` (what could not be computed, each naming its object) quoted in the message,
+    ``True`` without. ``pending``: hard names whose kind's cache is not listed yet (a kind
+    just measured, or re-listed); they were not computed, so without failures the condition
+    stays as it was (``Unknown`` for a first one). ``lastTransitionTime`` is ``now`` (RFC
+    3339) only when the status changes, so a sync that finds what the last one found writes
+    nothing new."""
+    failures, pending = list(failures), sorted(pending)
+    previous = condition(cq, USAGE_COMPUTED)
+    if not failures and pending and previous is not None:
+        return dict(previous)
+    if not failures and pending:
+        status, reason = "Unknown", REASON_PENDING
+        message = "waiting for the caches of: " + ", ".join(pending)
+    elif failures:
+        quoted = "; ".join(failures[:CONDITION_MESSAGE_ERRORS])
+        more = len(failures) - CONDITION_MESSAGE_ERRORS
+        message = quoted + (f" (and {more} more)" if more > 0 else "")
+        if len(message) > CONDITION_MESSAGE_MAX:
+            message = message[: CONDITION_MESSAGE_MAX - 3] + "..."
+        status, reason = "False", REASON_EVALUATION_FAILED
+    else:
+        status, reason = "True", REASON_COMPUTED
+        message = "the usage of every object was computed"
+    since = previous.get("lastTransitionTime") if previous is not None else None
+    if previous is None or previous.get("status") != status or not isinstance(since, str):
+        since = now
+    generation = (cq.get("metadata") or {}).get("generation")
+    return {
+        "type": USAGE_COMPUTED,
+        "status": status,
+        **({"observedGeneration": generation} if isinstance(generation, int) else {}),
+        "lastTransitionTime": since,
+        "reason": reason,
+        "message": message,
     }
 
 

@@ -11,8 +11,9 @@ An expression that fails on an object is never a silent zero:
 * at admission, :meth:`MeasuredEvaluator.constraints` evaluates the measures a quota tracks and
   refuses the request with the error (``failed quota: <quota>: measure <name>: …``, upstream's
   form for a constraint);
-* in the usage controller, :meth:`MeasuredEvaluator.usage_stats` raises, and the controller keeps
-  the name's last observation and reports the error (as for any evaluator that fails).
+* in the usage controller, :meth:`MeasuredEvaluator.usage_stats` raises, naming the object
+  (``widgets.example.com team-a/w1``), and the controller keeps the name's last observation and
+  reports the error (as for any evaluator that fails).
 
 Scopes do not apply to measured kinds, as to other object counts.
 """
@@ -84,6 +85,19 @@ class MeasuredEvaluator(base.NoScopes):
                 result[name] = value
         return result
 
+    def computable_usage(self, obj: Any) -> ResourceList:
+        """:meth:`usage` without the measures that fail on ``obj`` (admission's view of an
+        object as stored that a measure cannot read: it was never charged that measure)."""
+        result: dict[str, Quantity] = {self._count_name: _ONE}
+        for name, measure in self.measures.items():
+            try:
+                value = self._measure(measure, obj)
+            except MeasureEvaluationError:
+                continue
+            if value is not None:
+                result[name] = value
+        return result
+
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """Every measure a quota tracks must be computable for ``obj``: a failure refuses the
         request with the error rather than charging it nothing."""
@@ -110,12 +124,25 @@ class MeasuredEvaluator(base.NoScopes):
         def items(obj: Any) -> list[tuple[str, Quantity]]:
             found = [(self._count_name, _ONE)] if count_wanted else []
             for name in wanted:
-                value = self._measure(self.measures[name], obj)
+                try:
+                    value = self._measure(self.measures[name], obj)
+                except MeasureEvaluationError as error:
+                    # Whoever reads the report must find the object to fix.
+                    raise type(error)(name, f"{self._describe(obj)}: {error.reason}") from None
                 if value is not None:
                     found.append((name, value))
             return found
 
         return base.calculate_usage_stats(objects, resources, lambda obj: not scopes, items)
+
+    def _describe(self, obj: Any) -> str:
+        """``<resource>.<group> <namespace>/<name>``, kubectl's way of naming an object."""
+        metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        kind = self._group_resource.resource
+        if self._group_resource.group:
+            kind = f"{kind}.{self._group_resource.group}"
+        return f"{kind} {metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
 
     def requires_replenishment(self, old: Any, new: Any) -> bool:
         """When some measure went down (or cannot be computed any more)."""

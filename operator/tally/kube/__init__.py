@@ -2,7 +2,8 @@
 
 Owns :mod:`~tally.kube.rest` (the API client, raw JSON requests, paged LISTs),
 :mod:`~tally.kube.reflector` (list-and-watch for kinds Kopf does not feed),
-:mod:`~tally.kube.lease_lock` (the leader election's Lease) and
+:mod:`~tally.kube.lease_lock` (the leader election's Lease), :mod:`~tally.kube.events`
+(Warning Events about an object, one POST each) and
 :mod:`~tally.kube.quota_accessor` (quota status reads and compare-and-swap writes, the
 updated-quotas LRU, telling its own writes from other replicas'). Implements the small
 protocols the controllers declare; may import only the pure core (:mod:`tally.machinery`,

@@ -49,11 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
-import os
-import socket
-import time
 from collections.abc import (
     Awaitable,
     Callable,
@@ -72,6 +68,7 @@ from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.generic import ObjectCountEvaluator
 from tally.evaluators.registry import Registry, group_resource_for_count_name
 from tally.kube import rest
+from tally.kube.events import WarningRecorder
 from tally.kube.reflector import KubeListWatch, Reflector, ResourceRef, StatusError
 from tally.machinery.cache import Store
 from tally.resourcequota.replenishment import Replenish, replenisher
@@ -312,52 +309,6 @@ class EventRecorder(Protocol):
     async def warn(self, quota_obj: Obj, reason: str, message: str) -> None: ...
 
 
-class KubeEventRecorder:
-    """Warning Events through the core v1 events API, ``involvedObject`` the quota."""
-
-    def __init__(self, api: client.ApiClient, component: str = EVENT_COMPONENT) -> None:
-        self._api = api
-        self._component = component
-        self._instance = os.environ.get("POD_NAME") or socket.gethostname()
-
-    async def warn(self, quota_obj: Obj, reason: str, message: str) -> None:
-        metadata = quota_obj.get("metadata") or {}
-        namespace = str(metadata.get("namespace") or "default")
-        name = str(metadata.get("name") or "")
-        now = datetime.datetime.now(datetime.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "namespace": namespace,
-                "name": name,
-                "uid": metadata.get("uid"),
-                "resourceVersion": metadata.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": self._component},
-            "reportingComponent": self._component,
-            "reportingInstance": self._instance,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        await self._api.call_api(
-            rest.collection_path("", "v1", "events", namespace),
-            "POST",
-            body=body,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            auth_settings=["BearerToken"],
-            _request_timeout=rest.REQUEST_TIMEOUT_S,
-        )
-
-
 # -- the manager
 
 
@@ -427,7 +378,9 @@ class DynamicKinds:
         self._charges = charges
         self._on_kind_synced = on_kind_synced
         self.period = period
-        self._recorder: EventRecorder = recorder or KubeEventRecorder(api)
+        self._recorder: EventRecorder = recorder or WarningRecorder(
+            api, kind="ResourceQuota", api_version="v1", component=EVENT_COMPONENT
+        )
         self._fetch: Fetch = fetch or self._get_json
         self._reflector_factory = reflector_factory or Reflector
         self._kinds: dict[GroupResource, _Kind] = {}

@@ -34,8 +34,10 @@ from tally.admission.config import (
 )
 from tally.admission.errors import AdmissionDenied
 from tally.evaluators.base import GroupResource, parse_scope_requirement
+from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.registry import new_registry
 from tally.kube.quota_accessor import UpdatedQuotas
+from tally.measures import compile_measure
 from tally.quota import resources as quota
 from tally.quota.resources import parse_resource_list
 
@@ -702,3 +704,29 @@ def test_to_strings_round_trip_of_charged_values() -> None:
     assert quota.equals(
         parse_resource_list({"requests.memory": "52Gi"}), parse_resource_list(used_of(charged))
     )
+
+
+# -- tally: an update that fixes an object a measure could not read
+
+
+def test_an_update_fixing_an_object_a_measure_fails_on_is_charged_its_whole_new_value() -> None:
+    # The stored database has no spec.replicas (it predates the measure): its count is known
+    # (1), its replicas never were. The fix asks for replicas 3: charged 3, and no second count.
+    dbs = GroupResource("example.com", "databases")
+    replicas = "example.com/replicas"
+    measured = MeasuredEvaluator(dbs, [compile_measure({
+        "name": replicas, "resource": {"group": dbs.group, "resource": dbs.resource},
+        "expression": "object.spec.replicas",
+    })])  # fmt: skip
+    count = "count/databases.example.com"
+    quota = resource_quota("q", {replicas: "10", count: "5"}, {replicas: "4", count: "2"})
+    old = {"metadata": {"name": "d", "namespace": "test", "resourceVersion": "5"}, "spec": {}}
+    new = {"metadata": {"name": "d", "namespace": "test", "resourceVersion": "5"},
+           "spec": {"replicas": 3}}  # fmt: skip
+    (charged,) = check_request([quota], update(new, old, dbs), measured)
+    assert {replicas: "7", count: "2"} == used_of(charged)
+    # Past the limit it is refused in quota's words, as any update.
+    too_big = {**new, "spec": {"replicas": 7}}
+    with pytest.raises(AdmissionDenied) as info:
+        check_request([quota], update(too_big, old, dbs), measured)
+    assert 403 == info.value.code

@@ -174,3 +174,62 @@ def test_a_batch_across_namespaces_charges_one_cluster_quota_once_and_each_own_q
     assert {"pods": "4"} == batch.quotas[1]["status"]["used"]
     assert {"pods": "1"} == batch.quotas[0]["status"]["used"]
     assert [0, 1] == batch.changed
+
+
+# -- the UsageComputed condition
+
+
+def with_condition(status: str, since: str, message: str = "") -> dict[str, Any]:
+    condition = {"type": "UsageComputed", "status": status, "lastTransitionTime": since,
+                 "reason": "x", "message": message}  # fmt: skip
+    return {"metadata": {"name": "team", "generation": 3}, "status": {"conditions": [condition]}}
+
+
+def test_usage_computed_is_false_with_the_failures_quoted_and_counted() -> None:
+    failures = [f"measure 'm': widgets.example.com ns/w{i}: no such key: size" for i in range(5)]
+    condition = cluster.usage_computed({"metadata": {"name": "team"}}, failures, "T1")
+    assert {
+        "type": "UsageComputed",
+        "status": "False",
+        "lastTransitionTime": "T1",
+        "reason": "EvaluationFailed",
+        "message": "; ".join(failures[:3]) + " (and 2 more)",
+    } == condition
+
+
+def test_usage_computed_keeps_its_transition_time_while_its_status_stays() -> None:
+    cq = with_condition("False", "T0", "old words")
+    condition = cluster.usage_computed(cq, ["measure 'm': new words"], "T1")
+    assert ("False", "T0", "measure 'm': new words", 3) == (
+        condition["status"], condition["lastTransitionTime"], condition["message"],
+        condition["observedGeneration"],
+    )  # fmt: skip
+    recovered = cluster.usage_computed(cq, [], "T2")
+    assert ("True", "T2", "Computed") == (
+        recovered["status"], recovered["lastTransitionTime"], recovered["reason"]
+    )  # fmt: skip
+
+
+def test_a_long_message_is_cut() -> None:
+    condition = cluster.usage_computed({}, ["x" * 5000], "T1")
+    assert cluster.CONDITION_MESSAGE_MAX == len(condition["message"])
+    assert condition["message"].endswith("...")
+
+
+def test_build_status_carries_the_conditions_given() -> None:
+    condition = cluster.usage_computed({}, [], "T1")
+    status = cluster.build_status({"pods": q("5")}, {}, ["pods"], [condition])
+    assert [condition] == status["conditions"]
+    assert "conditions" not in cluster.build_status({"pods": q("5")}, {}, ["pods"])
+
+
+def test_usage_computed_waits_for_caches_not_listed_yet() -> None:
+    # Names whose kind's cache is being listed were not computed: no verdict either way.
+    first = cluster.usage_computed({}, [], "T1", pending=["example.com/b", "example.com/a"])
+    assert ("Unknown", "Pending", "waiting for the caches of: example.com/a, example.com/b") == (
+        first["status"], first["reason"], first["message"]
+    )  # fmt: skip
+    cq = with_condition("False", "T0", "measure 'm': broken")
+    assert cq["status"]["conditions"][0] == cluster.usage_computed(cq, [], "T1", ["m"])
+    # A failure found meanwhile still counts.
+    assert "False" == cluster.usage_computed({}, ["measure 'm': x"], "T1", ["n"])["status"]

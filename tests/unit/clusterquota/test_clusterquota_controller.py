@@ -1,4 +1,5 @@
-"""tally.clusterquota.controller: a new ClusterQuota's first status waits for admission's rules."""
+"""tally.clusterquota.controller: a new ClusterQuota's first status waits for admission's rules;
+a measure failing on an existing object shows in the UsageComputed condition and one Event."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from tally.clusterquota.controller import (
     namespace_labels,
 )
 from tally.evaluators.base import GroupResource
-from tally.evaluators.registry import new_registry
+from tally.evaluators.measured import MeasuredEvaluator
+from tally.evaluators.registry import UsageError, new_registry
 from tally.machinery.cache import Store
+from tally.measures import compile_measure
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +95,105 @@ async def test_later_statuses_do_not_wait() -> None:
     controller, writer, cq = _controller([False], [100.0], status)
     await controller.sync_cluster_quota(cq)
     assert [{"pods": "0"}] == [w["total"]["used"] for w in writer.writes]
+
+
+# -- a measure failing on an object that exists
+
+DBS = GroupResource("example.com", "databases")
+STORAGE = "example.com/storage-gb"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, str, str]] = []
+
+    async def warn(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        self.warnings.append((obj["metadata"]["name"], reason, message))
+
+
+def _measuring(
+    databases: list[dict[str, Any]],
+) -> tuple[ClusterQuotaController, Writer, Recorder, Store[Any], dict[str, Any]]:
+    cq: dict[str, Any] = {
+        "kind": "ClusterQuota",
+        "metadata": {"name": "team", "resourceVersion": "7", "generation": 2},
+        "spec": {"namespaceSelector": {}, "quota": {"hard": {STORAGE: "100"}}},
+        "status": {"total": {"hard": {STORAGE: "100"}, "used": {STORAGE: "10"}},
+                   "namespaces": [{"namespace": "a1", "status": {"used": {STORAGE: "10"}}}]},
+    }  # fmt: skip
+    cluster_quotas: Store[Any] = Store(lambda obj: obj, name="clusterquotas")
+    cluster_quotas.replace([cq], started_at=0)
+    namespaces: Store[Any] = Store(namespace_labels, name="namespaces")
+    namespaces.replace([{"metadata": {"name": "a1"}}], started_at=0)
+    store: Store[Any] = Store(lambda obj: obj, name="databases")
+    store.replace(databases, started_at=0)
+    registry = new_registry(clock=lambda: 1_700_000_000.0)
+    resource = {"group": DBS.group, "resource": DBS.resource}
+    registry.register(MeasuredEvaluator(DBS, [compile_measure(
+        {"name": STORAGE, "resource": resource, "expression": "object.spec.storageGB"}
+    )]))  # fmt: skip
+    writer, recorder = Writer(), Recorder()
+    controller = ClusterQuotaController(
+        registry, cluster_quotas, namespaces, {DBS: store}, writer,  # a dict: tests edit it
+        recorder=recorder, wall_clock=lambda: 1_800_000_000.0,
+    )  # fmt: skip
+    return controller, writer, recorder, store, cq
+
+
+def database(name: str, storage: int | None, version: str = "1") -> dict[str, Any]:
+    spec = {"storageGB": storage} if storage is not None else {}
+    metadata = {"name": name, "namespace": "a1", "uid": f"u-{name}", "resourceVersion": version}
+    return {"metadata": metadata, "spec": spec}
+
+
+async def test_a_measure_failing_on_an_object_turns_usage_computed_false_once() -> None:
+    databases = [database("ok", 10), database("bad", None)]
+    controller, writer, recorder, store, cq = _measuring(databases)
+    with pytest.raises(UsageError):
+        await controller.sync_cluster_quota(cq)
+    (status,) = writer.writes
+    # The failed name keeps its last value; the condition says why it does not move.
+    assert {STORAGE: "10"} == status["total"]["used"]
+    (condition,) = status["conditions"]
+    message = f"measure '{STORAGE}': databases.example.com a1/bad: "
+    assert ("UsageComputed", "False", "EvaluationFailed", "2027-01-15T08:00:00Z", 2) == (
+        condition["type"], condition["status"], condition["reason"],
+        condition["lastTransitionTime"], condition["observedGeneration"],
+    )  # fmt: skip
+    assert condition["message"].startswith(message), condition["message"]
+    assert [("team", "EvaluationFailed", condition["message"])] == recorder.warnings
+
+    # The next sync finds the same: nothing new is written, no second Event.
+    cq = {**cq, "status": status}
+    with pytest.raises(UsageError):
+        await controller.sync_cluster_quota(cq)
+    assert (1, 1) == (len(writer.writes), len(recorder.warnings))
+
+    # The kind's cache is re-listed (its measures changed): nothing computed, nothing said.
+    stores = controller.stores
+    assert isinstance(stores, dict)
+    del stores[DBS]
+    await controller.sync_cluster_quota(cq)
+    assert (1, 1) == (len(writer.writes), len(recorder.warnings))
+    stores[DBS] = store
+
+    # Fixed: computed again, True, no Event.
+    store.upsert(database("bad", 5, "2"))  # its watch event
+    await controller.sync_cluster_quota(cq)
+    fixed = writer.writes[-1]
+    assert {STORAGE: "15"} == fixed["total"]["used"]
+    assert ("True", "Computed") == (fixed["conditions"][0]["status"],
+                                    fixed["conditions"][0]["reason"])  # fmt: skip
+    assert 1 == len(recorder.warnings)
+
+
+async def test_a_lost_warning_event_does_not_fail_the_sync() -> None:
+    controller, writer, recorder, _, cq = _measuring([database("bad", None)])
+
+    async def refused(obj: Mapping[str, Any], reason: str, message: str) -> None:
+        raise RuntimeError("events are forbidden")
+
+    recorder.warn = refused  # type: ignore[method-assign]
+    with pytest.raises(UsageError):  # the measure's failure, not the Event's
+        await controller.sync_cluster_quota(cq)
+    assert "False" == writer.writes[0]["conditions"][0]["status"]

@@ -11,7 +11,7 @@ import pytest
 
 from tally.evaluators.base import ConstraintError, GroupResource, Operation
 from tally.evaluators.measured import MeasuredEvaluator
-from tally.evaluators.registry import calculate_usage, new_registry
+from tally.evaluators.registry import UsageError, calculate_usage, new_registry
 from tally.measures import MeasureEvaluationError, compile_measure
 from tally.quota import resources as quota
 
@@ -100,3 +100,19 @@ def test_a_measure_over_another_kind_is_refused() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match="another kind"):
         MeasuredEvaluator(DBS, [other])
+
+
+def test_a_failing_measure_in_a_usage_calculation_names_the_object() -> None:
+    # The usage controller reports it: whoever reads it must find the object to fix.
+    registry = new_registry()
+    registry.register(evaluator())
+    broken = {"metadata": {"name": "d2", "namespace": "team-a"}, "spec": {"tier": "gold"}}
+    with pytest.raises(UsageError) as failed:
+        calculate_usage({DBS: [db(10), broken]}, [STORAGE], (), registry)
+    (error,) = failed.value.errors
+    assert isinstance(error, MeasureEvaluationError)
+    assert STORAGE == error.measure
+    assert str(error).startswith(f"measure '{STORAGE}': databases.example.com team-a/d2: "), str(
+        error
+    )
+    assert "no such key: storageGB" in str(error)
