@@ -203,6 +203,11 @@ def render_status(report: StatusReport, style: Style = PLAIN) -> str:
                 row.append((str(share_of.get(use.name, Quantity(0))), ()))
             rows.append(row)
         lines = [_quota_heading(quota, style)]
+        if quota.not_computed:
+            lines.append(
+                "  " + style.paint(f"usage not computed (values may be stale): "
+                                   f"{quota.not_computed}", "yellow")
+            )  # fmt: skip
         if rows:
             lines.append(table(header, rows, style, "  "))
         else:
@@ -245,6 +250,8 @@ def status_data(report: StatusReport) -> dict[str, Any]:
             ]
         if quota.problem:
             entry["problem"] = quota.problem
+        if quota.not_computed:
+            entry["usageNotComputed"] = quota.not_computed
         quotas.append(entry)
     return {
         "namespaces": None if report.namespaces is None else list(report.namespaces),

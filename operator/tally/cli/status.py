@@ -95,6 +95,9 @@ class QuotaUse:
     """ClusterQuota: how many namespaces it selects (``status.namespaceCount``)."""
     problem: str = ""
     """Why the quota could not be read whole (a value that does not parse), or ""."""
+    not_computed: str = ""
+    """ClusterQuota: what tally could not compute the usage of (its ``UsageComputed``
+    condition's message while that is ``False``: some values are stale), or ""."""
 
     @property
     def title(self) -> str:
@@ -176,6 +179,10 @@ def cluster_quota_use(cq: Obj, bound: Iterable[str]) -> QuotaUse:
     by_namespace = cluster_quota.namespace_used(cq)
     scopes, scope_problem = _scopes({"spec": cluster_quota.spec_quota(cq)})
     count = _section(cq, "status").get("namespaceCount")
+    computed = cluster_quota.condition(cq, cluster_quota.USAGE_COMPUTED)
+    not_computed = ""
+    if computed is not None and computed.get("status") == "False":
+        not_computed = str(computed.get("message") or computed.get("reason") or "")
     return QuotaUse(
         kind=CLUSTER_QUOTA,
         name=cluster_quota.name_of(cq),
@@ -188,6 +195,7 @@ def cluster_quota_use(cq: Obj, bound: Iterable[str]) -> QuotaUse:
         ),
         namespace_count=count if isinstance(count, int) else None,
         problem="; ".join(p for p in (hard_problem, used_problem, scope_problem) if p),
+        not_computed=not_computed,
     )
 
 

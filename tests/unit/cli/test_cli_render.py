@@ -214,3 +214,23 @@ def test_render_why_admitted_against_a_prediction() -> None:
     )  # fmt: skip
     text = render_why(explanation, Decision(True), PLAIN)
     assert "Server (dry run): admitted\n  (tally's evaluators predicted a refusal" in text
+
+
+def test_a_cluster_quota_whose_usage_is_not_computed_says_so() -> None:
+    message = "measure 'example.com/replicas': databases.example.com a/bad: no such key: replicas"
+    condition = {"type": "UsageComputed", "status": "False", "reason": "EvaluationFailed",
+                 "message": message, "lastTransitionTime": "2026-11-26T13:00:00Z"}  # fmt: skip
+    cq = {"metadata": {"name": "team"},
+          "spec": {"namespaceSelector": {}, "quota": {"hard": {"example.com/replicas": "10"}}},
+          "status": {"total": {"hard": {"example.com/replicas": "10"},
+                               "used": {"example.com/replicas": "2"}},
+                     "conditions": [condition]}}  # fmt: skip
+    report = status_report(None, [], [cq], {"a": {}})
+    text = render_status(report, PLAIN)
+    assert f"ClusterQuota team\n  usage not computed (values may be stale): {message}\n" in text
+    assert message == status_data(report)["quotas"][0]["usageNotComputed"]
+    # True (or no condition): nothing said.
+    cq["status"]["conditions"] = [{**condition, "status": "True"}]
+    report = status_report(None, [], [cq], {"a": {}})
+    assert "not computed" not in render_status(report, PLAIN)
+    assert "usageNotComputed" not in status_data(report)["quotas"][0]
