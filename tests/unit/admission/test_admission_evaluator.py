@@ -1369,13 +1369,12 @@ def losing_writes_of(name: str) -> Callable[[Obj], None]:
     return lambda stored: bump(stored) if stored["metadata"]["name"] == name else None
 
 
-async def test_the_next_pass_judges_without_a_charge_written_for_a_refused_request(
+async def refused_after_writing_a(
     running: list[QuotaEvaluator],
-) -> None:
-    # "a" (pods 1) is written for p1, "b" loses every compare-and-swap: p1 is refused and "a"
-    # says pods=1 with no pod behind it until a recalculation (none runs here). p2 comes
-    # while "a" is still that version: judged against pods=0, allowed, and "a" is written
-    # over that very version, so it ends at pods=1 for p2 alone.
+) -> tuple[FakeAccessor, QuotaEvaluator]:
+    """Quota "a" (pods 1) is written for p1 and "b" loses every compare-and-swap: p1 is refused
+    with the 409 and "a" says pods=1 with no pod behind it until a recalculation (none runs
+    here). From then on writes succeed."""
     accessor = FakeAccessor(
         [
             resource_quota("a", {"pods": "1"}, {"pods": "0"}),
@@ -1383,14 +1382,22 @@ async def test_the_next_pass_judges_without_a_charge_written_for_a_refused_reque
         ]
     )
     accessor.before_write = losing_writes_of("b")
-    ledger = RecordingLedger()
-    running.append(evaluator := handler(accessor, conflict_retries=1, charges=ledger))
+    running.append(evaluator := handler(accessor, conflict_retries=1, charges=RecordingLedger()))
     denied = await validate(evaluator, create(uid_pod("p1", "u-1")))
     assert denied is not None
     assert 409 == denied.code
     assert {"pods": "1"} == accessor.used("a")
-    overcharged = accessor.store[("test", "a")]["metadata"]["resourceVersion"]
     accessor.before_write = None
+    return accessor, evaluator
+
+
+async def test_the_next_pass_judges_without_a_charge_written_for_a_refused_request(
+    running: list[QuotaEvaluator],
+) -> None:
+    # p2 comes while "a" is still the version p1's write stored: judged against pods=0,
+    # allowed, and "a" is written over that very version, so it ends at pods=1 for p2 alone.
+    accessor, evaluator = await refused_after_writing_a(running)
+    overcharged = accessor.store[("test", "a")]["metadata"]["resourceVersion"]
     assert await validate(evaluator, create(uid_pod("p2", "u-2"))) is None
     assert {"pods": "1"} == accessor.used("a")
     assert {"pods": "1"} == accessor.used("b")
@@ -1401,19 +1408,10 @@ async def test_the_next_pass_judges_without_a_charge_written_for_a_refused_reque
 async def test_a_charge_for_a_refused_request_is_judged_again_once_its_quota_changed(
     running: list[QuotaEvaluator],
 ) -> None:
-    # As above, but "a" was written by someone else after p1 (a recalculation that counted
-    # something, or another replica): that status is the truth, so p2 is refused against it.
-    accessor = FakeAccessor(
-        [
-            resource_quota("a", {"pods": "1"}, {"pods": "0"}),
-            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
-        ]
-    )
-    accessor.before_write = losing_writes_of("b")
-    running.append(evaluator := handler(accessor, conflict_retries=1, charges=RecordingLedger()))
-    assert await validate(evaluator, create(uid_pod("p1", "u-1"))) is not None
+    # "a" was written by someone else after p1 (a recalculation that counted something, or
+    # another replica): that status is the truth, so p2 is refused against it.
+    accessor, evaluator = await refused_after_writing_a(running)
     bump(accessor.store[("test", "a")], {"pods": "1"})
-    accessor.before_write = None
     denied = await validate(evaluator, create(uid_pod("p2", "u-2")))
     assert denied is not None
     assert (403, "exceeded quota: a, requested: pods=1, used: pods=1, limited: pods=1") == (
