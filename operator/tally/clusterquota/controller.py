@@ -344,24 +344,39 @@ class ClusterQuotaController:
             hard, used_by_namespace, errors, pending = self.calculate(cq)
         except cluster.InvalidClusterQuota as invalid:
             # Refused by the webhook when written; one that got in anyway (webhook down) is
-            # reported and left alone: retrying will not help.
+            # reported (its condition, its Event) and otherwise left alone: retrying will not
+            # help.
+            condition = cluster.invalid_spec(cq, str(invalid), self._now())
+            await self._write_status(cq, {**(cq.get("status") or {}), "conditions": [condition]})
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
-        computed = cluster.usage_computed(cq, [str(error) for error in errors], now, pending)
+        computed = cluster.usage_computed(
+            cq, [str(error) for error in errors], self._now(), pending
+        )
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard), [computed])
-        if status != cq.get("status"):
-            await self.writer.update_status(cq, status)
-            if first:
-                self.first_syncs.wrote_first(name)
-            was = cluster.condition(cq, cluster.USAGE_COMPUTED)
-            if computed["status"] == "False" and (was is None or was.get("status") != "False"):
-                await self._warn(cq, computed["reason"], computed["message"])
+        if await self._write_status(cq, status) and first:
+            self.first_syncs.wrote_first(name)
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
         if self.observer is not None:
             self.observer.cluster_quota_synced(name, status)
         if errors:
             raise UsageError({}, errors)
+
+    def _now(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
+
+    async def _write_status(self, cq: Obj, status: Mapping[str, Any]) -> bool:
+        """Write ``status`` unless ``cq`` has it already (whether it wrote); a ``UsageComputed``
+        condition that turns ``False`` gets its Warning Event once the write has landed."""
+        if status == cq.get("status"):
+            return False
+        await self.writer.update_status(cq, status)
+        was = cluster.condition(cq, cluster.USAGE_COMPUTED)
+        now = cluster.condition({"status": status}, cluster.USAGE_COMPUTED)
+        turned = was is None or was.get("status") != "False"
+        if now is not None and now.get("status") == "False" and turned:
+            await self._warn(cq, str(now.get("reason")), str(now.get("message")))
+        return True
 
     async def _warn(self, cq: Obj, reason: str, message: str) -> None:
         if self.recorder is None:

@@ -14,8 +14,8 @@ get``'s columns (``namespaceCount``: every selected namespace; ``mostUsed``). ``
 exactly the sum of the namespaces' ``used``. One condition in ``conditions`` (the
 ``metav1.Condition`` shape), :data:`USAGE_COMPUTED`, says whether every object's usage could be
 computed: ``False`` while a measure fails on an object that exists (its message names the
-object and the error; the usage controller then keeps that name's last value), so a status that
-stopped moving says why.
+object and the error; the usage controller then keeps that name's last value) or while the spec
+cannot be used (reason ``InvalidSpec``), so a status that stopped moving says why.
 
 Pure: plain JSON in and out; selector and quantity parsing from the core.
 """
@@ -38,6 +38,7 @@ USAGE_COMPUTED: Final = "UsageComputed"
 REASON_COMPUTED: Final = "Computed"
 REASON_EVALUATION_FAILED: Final = "EvaluationFailed"
 REASON_PENDING: Final = "Pending"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
 CONDITION_MESSAGE_ERRORS: Final = 3
 """Errors a condition's message quotes; the rest are counted."""
 CONDITION_MESSAGE_MAX: Final = 1024
@@ -212,18 +213,30 @@ def usage_computed(
     if not failures and pending and previous is not None:
         return dict(previous)
     if not failures and pending:
-        status, reason = "Unknown", REASON_PENDING
-        message = "waiting for the caches of: " + ", ".join(pending)
-    elif failures:
+        return _usage_condition(
+            cq, "Unknown", REASON_PENDING, "waiting for the caches of: " + ", ".join(pending), now
+        )
+    if failures:
         quoted = "; ".join(failures[:CONDITION_MESSAGE_ERRORS])
         more = len(failures) - CONDITION_MESSAGE_ERRORS
         message = quoted + (f" (and {more} more)" if more > 0 else "")
-        if len(message) > CONDITION_MESSAGE_MAX:
-            message = message[: CONDITION_MESSAGE_MAX - 3] + "..."
-        status, reason = "False", REASON_EVALUATION_FAILED
-    else:
-        status, reason = "True", REASON_COMPUTED
-        message = "the usage of every object was computed"
+        return _usage_condition(cq, "False", REASON_EVALUATION_FAILED, message, now)
+    return _usage_condition(
+        cq, "True", REASON_COMPUTED, "the usage of every object was computed", now
+    )
+
+
+def invalid_spec(cq: Obj, problem: str, now: str) -> dict[str, Any]:
+    """The :data:`USAGE_COMPUTED` condition of a ClusterQuota whose spec cannot be used (one
+    that got in while the webhook that refuses such specs was down): ``False``, the problem
+    as the message."""
+    return _usage_condition(cq, "False", REASON_INVALID_SPEC, problem, now)
+
+
+def _usage_condition(cq: Obj, status: str, reason: str, message: str, now: str) -> dict[str, Any]:
+    if len(message) > CONDITION_MESSAGE_MAX:
+        message = message[: CONDITION_MESSAGE_MAX - 3] + "..."
+    previous = condition(cq, USAGE_COMPUTED)
     since = previous.get("lastTransitionTime") if previous is not None else None
     if previous is None or previous.get("status") != status or not isinstance(since, str):
         since = now

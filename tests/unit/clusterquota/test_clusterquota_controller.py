@@ -11,6 +11,7 @@ import pytest
 from tally.clusterquota.controller import (
     FIRST_STATUS_WAIT_S,
     ClusterQuotaController,
+    InvalidClusterQuotaError,
     namespace_labels,
 )
 from tally.evaluators.base import GroupResource
@@ -197,3 +198,23 @@ async def test_a_lost_warning_event_does_not_fail_the_sync() -> None:
     with pytest.raises(UsageError):  # the measure's failure, not the Event's
         await controller.sync_cluster_quota(cq)
     assert "False" == writer.writes[0]["conditions"][0]["status"]
+
+
+async def test_a_spec_that_cannot_be_used_is_reported_in_the_condition_and_an_event() -> None:
+    # It got in while the webhook was down: a selector operator that does not exist.
+    controller, writer, recorder, _, cq = _measuring([])
+    cq = {**cq, "spec": {**cq["spec"], "namespaceSelector": {"matchExpressions": [
+        {"key": "team", "operator": "Near", "values": ["a"]}]}}}  # fmt: skip
+    with pytest.raises(InvalidClusterQuotaError):
+        await controller.sync_cluster_quota(cq)
+    (status,) = writer.writes
+    (condition,) = status["conditions"]
+    assert ("False", "InvalidSpec") == (condition["status"], condition["reason"])
+    assert "spec.namespaceSelector" in condition["message"], condition
+    # What the status said of the usage stays as it was.
+    assert cq["status"]["total"] == status["total"]
+    assert [("team", "InvalidSpec", condition["message"])] == recorder.warnings
+    # Again: nothing new.
+    with pytest.raises(InvalidClusterQuotaError):
+        await controller.sync_cluster_quota({**cq, "status": status})
+    assert (1, 1) == (len(writer.writes), len(recorder.warnings))
