@@ -261,7 +261,7 @@ def usage_computed(status: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def test_a_measure_failing_on_an_existing_object_is_reported_until_it_is_fixed(
-    team: Team,
+    team: Team, control_plane: ControlPlane
 ) -> None:
     (member,) = await team.member_namespaces(1)
     replicas = f"e{ID}.example.com/replicas"
@@ -286,6 +286,9 @@ async def test_a_measure_failing_on_an_existing_object_is_reported_until_it_is_f
         condition
     )
     assert "no such key: replicas" in condition["message"], condition
+    # kubectl get shows it in its own column.
+    header, row = control_plane.kubectl("get", "clusterquota", name).stdout.splitlines()
+    assert "False" == row[header.index("COMPUTED") :].split()[0], (header, row)
 
     async def warnings() -> list[tuple[str, str, str]]:
         found = await team.core.list_namespaced_event(
