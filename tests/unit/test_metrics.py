@@ -96,3 +96,25 @@ def test_webhook_certificate_expiry_is_the_served_certificates_end() -> None:
     # A renewal moves it: one day later.
     metrics.webhook_certificate_loaded(datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC))
     assert 1_893_542_400.0 == sample(metrics, name)
+
+
+def test_cluster_quota_conditions_follow_the_status() -> None:
+    metrics = Metrics()
+    computed = {"type": "UsageComputed", "status": "False", "reason": "EvaluationFailed"}
+    metrics.cluster_quota_synced("team", {"total": {}, "conditions": [computed]})
+
+    def condition(status: str) -> float | None:
+        labels = {"name": "team", "condition": "UsageComputed", "status": status}
+        return metrics.registry.get_sample_value("tally_clusterquota_status_condition", labels)
+
+    assert (0.0, 1.0, 0.0) == tuple(condition(s) for s in ("true", "false", "unknown"))
+    recovered = {**computed, "status": "True"}
+    metrics.cluster_quota_synced("team", {"total": {}, "conditions": [recovered]})
+    assert 1.0 == condition("true")
+    assert 0.0 == condition("false")
+    # A status without the condition, and a deleted ClusterQuota, leave no series behind.
+    metrics.cluster_quota_synced("team", {"total": {}})
+    assert condition("true") is None
+    metrics.cluster_quota_synced("team", {"total": {}, "conditions": [computed]})
+    metrics.cluster_quota_deleted("team")
+    assert condition("false") is None

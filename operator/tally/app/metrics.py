@@ -12,6 +12,11 @@
   ``tally_admission_charges_confirmed_total``, ``tally_admission_charges_released_total{reason}``,
   ``tally_admission_charges_late_total``, the confirmation latency and the age of the oldest
   pending charge;
+* ClusterQuotas: ``tally_clusterquota_usage`` and ``tally_clusterquota_namespace_usage``
+  (kube-state-metrics' OpenShift ClusterResourceQuota shapes), and
+  ``tally_clusterquota_status_condition{name, condition, status}`` (the ``*_status_condition``
+  shape: 1 for the condition's current status, 0 for the other two), which an alert reads to
+  tell a ClusterQuota whose usage cannot be computed;
 * leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
   holds the Lease, or runs without election), else 0; the sum over replicas should be 1;
 * the webhook server's certificate: ``tally_webhook_certificate_expiry_timestamp_seconds``, the
@@ -39,6 +44,9 @@ from tally.resourcequota.controller import QuotaKey
 from tally.workqueue import PrometheusMetricsProvider
 
 logger = logging.getLogger(__name__)
+
+CONDITION_STATUSES = ("true", "false", "unknown")
+"""The ``status`` label values of a condition series, kube-state-metrics' spelling."""
 
 _NANOS = 1_000_000_000
 
@@ -140,6 +148,14 @@ class Metrics:
             ["name", "namespace", "resource", "type"],
             registry=self.registry,
         )
+        self.cluster_quota_condition = Gauge(
+            "tally_clusterquota_status_condition",
+            "1 for a ClusterQuota condition's current status, 0 for the others (the shape of "
+            "kube-state-metrics' *_status_condition); UsageComputed is false while the usage "
+            "of some object cannot be computed.",
+            ["name", "condition", "status"],
+            registry=self.registry,
+        )
         self.enforcing_gauge = Gauge(
             "tally_enforcing",
             "1 for each kind of quota this process enforces (ResourceQuota, ClusterQuota); "
@@ -171,6 +187,8 @@ class Metrics:
         # quota) stop being exported instead of keeping their last value forever.
         self._series: dict[QuotaKey, set[tuple[str, str]]] = {}
         self._cluster_series: dict[str, set[tuple[str, ...]]] = {}
+        # Condition types each ClusterQuota's status carries (series to drop with it).
+        self._cluster_conditions: dict[str, set[str]] = {}
 
     # -- tally.resourcequota.controller.SyncObserver
 
@@ -213,10 +231,29 @@ class Metrics:
             else:
                 self.cluster_quota_namespace_usage.labels(name, *labels).set(value)
         self._cluster_series[name] = set(current)
+        conditions: set[str] = set()
+        for entry in status.get("conditions") or []:
+            if not isinstance(entry, Mapping) or not entry.get("type"):
+                continue
+            kind, state = str(entry["type"]), str(entry.get("status") or "").lower()
+            conditions.add(kind)
+            for choice in CONDITION_STATUSES:
+                self.cluster_quota_condition.labels(name, kind, choice).set(
+                    1 if choice == state else 0
+                )
+        for gone in self._cluster_conditions.get(name, set()) - conditions:
+            self._remove_cluster_condition(name, gone)
+        self._cluster_conditions[name] = conditions
 
     def cluster_quota_deleted(self, name: str) -> None:
         for labels in self._cluster_series.pop(name, set()):
             self._remove_cluster_series(name, labels)
+        for kind in self._cluster_conditions.pop(name, set()):
+            self._remove_cluster_condition(name, kind)
+
+    def _remove_cluster_condition(self, name: str, kind: str) -> None:
+        for choice in CONDITION_STATUSES:
+            self.cluster_quota_condition.remove(name, kind, choice)
 
     def _remove_cluster_series(self, name: str, labels: tuple[str, ...]) -> None:
         if not labels[0]:
