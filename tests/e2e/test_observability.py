@@ -60,6 +60,7 @@ PROMETHEUS_START_TIMEOUT_S = 60.0
 MAY_BE_EMPTY = {
     "tally_clusterquota_usage": "this test creates no ClusterQuota",
     "tally_clusterquota_namespace_usage": "this test creates no ClusterQuota",
+    "tally_clusterquota_status_condition": "this test creates no ClusterQuota",
     "tally_admission_charges_released_total": "a charge is released only if its object fails",
 }
 
