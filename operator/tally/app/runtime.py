@@ -126,18 +126,20 @@ def _keep_whole(obj: Any) -> Any:
     return obj
 
 
-def names_read(spec: object, status_hard: object) -> tuple[object, frozenset[str]]:
+RESOURCE_QUOTA_HARD: Final = ("status", "hard")
+CLUSTER_QUOTA_HARD: Final = ("status", "total", "hard")
+
+
+def names_read(quota: Mapping[str, Any], hard_at: tuple[str, ...]) -> tuple[object, frozenset[str]]:
     """What the webhook rules and the dynamic ``count/`` kinds read of a quota: its spec (the
     names in its hard; a ClusterQuota's measures say which kinds those measure) and the names
-    in its status's hard. A write of usage alone leaves both as they were."""
-    names = frozenset(map(str, status_hard)) if isinstance(status_hard, Mapping) else frozenset()
-    return spec, names
-
-
-def _field(obj: object, name: str) -> Mapping[str, Any]:
-    """``obj[name]`` where both are objects, else empty: a malformed status reads as none."""
-    value = obj.get(name) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
+    of the hard list at ``hard_at`` in its status (a malformed one reads as none). A write of
+    usage alone leaves both as they were."""
+    hard: object = quota
+    for key in hard_at:
+        hard = hard.get(key) if isinstance(hard, Mapping) else None
+    names = frozenset(map(str, hard)) if isinstance(hard, Mapping) else frozenset()
+    return quota.get("spec"), names
 
 
 class Runtime:
@@ -246,7 +248,7 @@ class Runtime:
             admission_ready=self._admission_rules_current,
             recorder=WarningRecorder(
                 api,
-                kind=cluster_quotas.KIND,
+                kind=cluster_quota.KIND,
                 api_version=f"{cluster_quotas.GROUP}/{cluster_quotas.VERSION}",
                 component=EVENT_COMPONENT,
             ),
@@ -379,9 +381,9 @@ class Runtime:
                     str((new.get("metadata") or {}).get("resourceVersion") or ""),
                     raised_usage(old, new),
                 )
-                names_changed = names_read(
-                    old.get("spec"), _field(old, "status").get("hard")
-                ) != names_read(new.get("spec"), _field(new, "status").get("hard"))
+                names_changed = names_read(old, RESOURCE_QUOTA_HARD) != names_read(
+                    new, RESOURCE_QUOTA_HARD
+                )
             if change.new is not None and self.enforces_resource_quotas:
                 self._report_status(change.new)
             count_quotas(change)
@@ -433,8 +435,8 @@ class Runtime:
         self.cluster_controller.on_cluster_quota(change)
         old, new = change.old or {}, change.new or {}
         if change.kind is not ChangeKind.UPDATED or names_read(
-            old.get("spec"), _field(_field(old, "status"), "total").get("hard")
-        ) != names_read(new.get("spec"), _field(_field(new, "status"), "total").get("hard")):
+            old, CLUSTER_QUOTA_HARD
+        ) != names_read(new, CLUSTER_QUOTA_HARD):
             self._quota_names_changed()
 
     def _quota_names_changed(self) -> None:

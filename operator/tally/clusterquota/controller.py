@@ -371,11 +371,11 @@ class ClusterQuotaController:
         if status == cq.get("status"):
             return False
         await self.writer.update_status(cq, status)
-        was = cluster.condition(cq, cluster.USAGE_COMPUTED)
-        now = cluster.condition({"status": status}, cluster.USAGE_COMPUTED)
-        turned = was is None or was.get("status") != "False"
-        if now is not None and now.get("status") == "False" and turned:
-            await self._warn(cq, str(now.get("reason")), str(now.get("message")))
+        before = cluster.condition(cq, cluster.USAGE_COMPUTED)
+        after = cluster.condition({"status": status}, cluster.USAGE_COMPUTED)
+        turned = before is None or before.get("status") != "False"
+        if after is not None and after.get("status") == "False" and turned:
+            await self._warn(cq, str(after.get("reason")), str(after.get("message")))
         return True
 
     async def _warn(self, cq: Obj, reason: str, message: str) -> None:

@@ -78,9 +78,17 @@ class MeasuredEvaluator(base.NoScopes):
     def usage(self, obj: Any) -> ResourceList:
         """The count, and every measure whose ``when`` holds; raises
         :class:`~tally.measures.MeasureEvaluationError` when one fails."""
+        return self._usage(obj, skip_failures=False)
+
+    def _usage(self, obj: Any, *, skip_failures: bool) -> ResourceList:
         result: dict[str, Quantity] = {self._count_name: _ONE}
         for name, measure in self.measures.items():
-            value = self._measure(measure, obj)
+            try:
+                value = self._measure(measure, obj)
+            except MeasureEvaluationError:
+                if not skip_failures:
+                    raise
+                continue
             if value is not None:
                 result[name] = value
         return result
@@ -88,15 +96,7 @@ class MeasuredEvaluator(base.NoScopes):
     def computable_usage(self, obj: Any) -> ResourceList:
         """:meth:`usage` without the measures that fail on ``obj`` (admission's view of an
         object as stored that a measure cannot read: it was never charged that measure)."""
-        result: dict[str, Quantity] = {self._count_name: _ONE}
-        for name, measure in self.measures.items():
-            try:
-                value = self._measure(measure, obj)
-            except MeasureEvaluationError:
-                continue
-            if value is not None:
-                result[name] = value
-        return result
+        return self._usage(obj, skip_failures=True)
 
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """Every measure a quota tracks must be computable for ``obj``: a failure refuses the

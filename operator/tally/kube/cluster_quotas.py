@@ -23,7 +23,6 @@ Obj = Mapping[str, Any]
 GROUP: Final = "tally.dev"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "clusterquotas"
-KIND: Final = "ClusterQuota"
 RECENT_WRITES: Final = 100
 
 
