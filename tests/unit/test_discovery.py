@@ -363,7 +363,7 @@ class FakeRecorder:
 
 
 class Harness:
-    def __init__(self, documents: dict[str, Any]) -> None:
+    def __init__(self, documents: dict[str, Any], api: Any = None, watch_api: Any = None) -> None:
         self.quotas: list[Obj] = []
         self.stores: dict[GroupResource, Store[Any]] = {}
         self.registry = new_registry()
@@ -383,7 +383,7 @@ class Harness:
             return reflector
 
         self.kinds = DynamicKinds(
-            None,  # no API client: fetch, recorder and reflectors are stubs
+            api,  # by default none: fetch, recorder and reflectors are stubs
             self.registry,
             lambda: self.quotas,
             self.stores,
@@ -395,6 +395,7 @@ class Harness:
             fetch=self.fetch,
             reflector_factory=factory,  # type: ignore[arg-type]
             may_report=lambda: self.leading,
+            watch_api=watch_api,
         )
         self.leading = True
 
@@ -445,6 +446,21 @@ async def test_manager_registers_a_kind_only_after_its_first_list() -> None:
     assert [(WIDGETS, "ns")] == h.replenished
     assert [(WIDGETS, "ns")] == h.replenished_unsynced
     assert [] == h.recorder.events
+
+
+async def test_reflectors_watch_through_the_client_without_a_request_limit() -> None:
+    # A watch holds its connection for minutes: on the request pool (TALLY_API_CONNECTIONS)
+    # a few counted kinds would leave no connection for status writes.
+    requests, watches = object(), object()
+    h = Harness(DOCUMENTS, api=requests, watch_api=watches)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5"})]
+    await h.kinds.refresh()
+    assert watches is h.reflector(WIDGETS).source._api
+    # Without one of its own, the requests' client (a single client for everything).
+    h = Harness(DOCUMENTS, api=requests)
+    h.quotas = [quota("q", {"count/widgets.example.com": "5"})]
+    await h.kinds.refresh()
+    assert requests is h.reflector(WIDGETS).source._api
 
 
 async def test_creations_admission_did_not_charge_are_counted() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.config import kube_config
 
 from tally.kube import rest
 from tally.kube.events import WarningRecorder
@@ -81,6 +82,29 @@ async def test_a_configured_proxy_is_kept(clean_proxy_env: pytest.MonkeyPatch) -
         rest.read_environment_once(api, HOST)
         assert "http://configured.example:8080" == api.rest_client.proxy
         assert api.rest_client.pool_manager.trust_env is False
+    finally:
+        await api.close()
+
+
+@pytest.mark.parametrize(("connections", "limit"), [(8, 8), (None, 0)])
+async def test_the_pool_keeps_at_most_the_connections_asked(
+    clean_proxy_env: pytest.MonkeyPatch, tmp_path: Any, connections: int | None, limit: int
+) -> None:
+    # aiohttp's limit: 0 is none (kubernetes-asyncio's own default would be 100).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: '{HOST}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    # Read from $KUBECONFIG when kubernetes-asyncio is imported, as tally's process does.
+    clean_proxy_env.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    clean_proxy_env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api = await rest.make_api_client(connections)
+    try:
+        assert HOST == api.configuration.host
+        assert limit == api.rest_client.pool_manager.connector.limit
     finally:
         await api.close()
 

@@ -49,9 +49,11 @@ class FakePut:
         self.gate = asyncio.Event()
         self.gate.set()
         self.calls: list[str] = []
+        self.clients: list[object] = []
 
     async def __call__(self, api: object, path: str, body: Any) -> dict[str, Any]:
         self.calls.append(path)
+        self.clients.append(api)
         answer = self.answers.pop(0)
         await self.gate.wait()
         if isinstance(answer, client.ApiException):
@@ -372,3 +374,43 @@ async def test_a_copy_read_after_a_lost_write_is_for_admission_not_the_controlle
     await accessor.refresh(cached)
     assert cached is accessor.newest(cached)
     assert [live] == await accessor.get_quotas("a")
+
+
+# -- which client: admission's writes never queue behind the controllers' requests
+
+
+async def test_admission_and_the_controller_write_through_their_own_clients(
+    put: FakePut, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The controllers' client has a connection limit; a pod create the PodSet controller holds
+    # one of those connections for waits on this webhook's write, so admission's must not
+    # wait for one in turn.
+    admission, controller = object(), object()
+    read: list[object] = []
+
+    async def get_json(api: object, path: str) -> dict[str, Any]:
+        read.append(api)
+        return quota(rv="9")
+
+    monkeypatch.setattr(rest, "get_json", get_json)
+    accessor = KubeQuotaAccessor(
+        Store(lambda o: o),
+        api=admission,  # type: ignore[arg-type]
+        controller_api=controller,  # type: ignore[arg-type]
+    )
+    put.answers += ["2", "3"]
+    await accessor.update_quota_status(quota())
+    await accessor.update_status(quota(rv="2"), {"used": {"cpu": "2"}})
+    await accessor.refresh(quota())
+    assert [admission, controller] == put.clients
+    assert [admission] == read
+
+    writer = KubeClusterQuotaWriter(
+        admission,  # type: ignore[arg-type]
+        controller_api=controller,  # type: ignore[arg-type]
+    )
+    put.clients.clear()
+    put.answers += ["5", "6"]
+    await writer.put_status({"metadata": {"name": "team", "resourceVersion": "4"}})
+    await writer.update_status({"metadata": {"name": "team", "resourceVersion": "5"}}, {})
+    assert [admission, controller] == put.clients

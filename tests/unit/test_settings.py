@@ -26,6 +26,10 @@ def test_environment_overrides() -> None:
     [
         pytest.param({"TALLY_WORKERS": "0"}, "TALLY_WORKERS='0'", id="no-workers"),
         pytest.param({"TALLY_WORKERS": "five"}, "TALLY_WORKERS='five'", id="not-a-number"),
+        pytest.param({"TALLY_API_CONNECTIONS": "0"}, "TALLY_API_CONNECTIONS='0'", id="no-conn"),
+        pytest.param(
+            {"TALLY_API_CONNECTIONS": "100000"}, "TALLY_API_CONNECTIONS='100000'", id="absurd-conn"
+        ),
         pytest.param({"TALLY_RESYNC_PERIOD": "-1"}, "TALLY_RESYNC_PERIOD='-1'", id="negative"),
         pytest.param({"TALLY_RESYNC_PERIOD": "1e9"}, "TALLY_RESYNC_PERIOD='1e9'", id="absurd"),
         pytest.param({"TALLY_NAMESPACES": "a,B_c"}, "TALLY_NAMESPACES='a,B_c'", id="bad-namespace"),
@@ -45,6 +49,11 @@ def test_bad_values_name_the_variable(environ: dict[str, str], named: str) -> No
     with pytest.raises(SettingsError, match="invalid settings") as error:
         Settings.from_env(environ)
     assert named in str(error.value)
+
+
+def test_api_connections() -> None:
+    assert 8 == Settings.from_env({}).api_connections
+    assert 32 == Settings.from_env({"TALLY_API_CONNECTIONS": "32"}).api_connections
 
 
 def test_watched_namespaces() -> None:

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -59,18 +60,22 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         config = Settings.from_env()
     except SettingsError as error:
         raise kopf.PermanentError(str(error)) from None
-    api = await rest.make_api_client()
+    api = await rest.make_api_client(config.api_connections)
+    dedicated_api = await rest.make_api_client(None)
     try:
         memo.apiserver_version = await rest.server_version(api)
         logger.info("connected to the API server, version %s", memo.apiserver_version)
-        runtime = Runtime(config, api, on_leadership_lost=_stop_this_process)
+        runtime = Runtime(
+            config, api, dedicated_api=dedicated_api, on_leadership_lost=_stop_this_process
+        )
         await runtime.start()
     except BaseException:
-        # Kopf tries again with a fresh client: one left open per attempt would pile up
+        # Kopf tries again with fresh clients: ones left open per attempt would pile up
         # through a long outage.
-        await api.close()
+        await asyncio.gather(api.close(), dedicated_api.close())
         raise
     memo.api = api
+    memo.dedicated_api = dedicated_api
     memo.runtime = runtime
 
 
@@ -85,9 +90,10 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get("runtime")
     if runtime is not None:
         await runtime.stop()
-    api = memo.get("api")
-    if api is not None:
-        await api.close()
+    for name in ("api", "dedicated_api"):
+        api = memo.get(name)
+        if api is not None:
+            await api.close()
 
 
 def _feed(gr: GroupResource) -> Callable[..., Coroutine[Any, Any, None]]:

@@ -150,13 +150,23 @@ class Runtime:
         settings: Settings,
         api: client.ApiClient,
         *,
+        dedicated_api: client.ApiClient | None = None,
         on_leadership_lost: Callable[[], None] | None = None,
         identity: str | None = None,
     ) -> None:
-        """``on_leadership_lost``: called once the controllers stopped after the lease was
+        """``api``: the controllers' requests (and the rest of tally's), through a pool of
+        ``TALLY_API_CONNECTIONS`` (:func:`tally.kube.rest.make_api_client`). ``dedicated_api``
+        (default: ``api``): a client without that limit, for what must never wait behind them:
+        admission's reads and writes (a pod the PodSet controller creates waits for tally's
+        webhook; were the webhook's status write queued behind that create's connection, both
+        would wait out the webhook's timeout), the Lease's renewals (one queued behind a burst
+        would lose the lease) and the ``count/`` reflectors' watches (each holds a connection
+        for minutes). Admission needs no limit: its lanes bound what it has in flight.
+        ``on_leadership_lost``: called once the controllers stopped after the lease was
         lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
         self.api = api
+        self.dedicated_api = dedicated_api or api
         self.identity = identity or leaderelection.default_identity()
         self._on_leadership_lost = on_leadership_lost
         self.registry: Registry = new_registry()
@@ -211,10 +221,15 @@ class Runtime:
         self.charges = ChargeLedger(settings.charge_confirm_timeout, metrics=self.metrics)
         self.metrics.watch_charges(self.charges.oldest_age)
         self.accessor = KubeQuotaAccessor(
-            self.quotas, api, charges=self.charges if settings.leader_election else None
+            self.quotas,
+            self.dedicated_api,
+            charges=self.charges if settings.leader_election else None,
+            controller_api=api,
         )
         # Its writes are told to the accessor, which tells other replicas' raises apart.
-        self.cluster_quota_writer = KubeClusterQuotaWriter(api, tracker=self.accessor)
+        self.cluster_quota_writer = KubeClusterQuotaWriter(
+            self.dedicated_api, tracker=self.accessor, controller_api=api
+        )
         # One mapping shared by the controller (read at every sync) and the dynamic kinds
         # (which add and remove the stores of count/ resources at run time).
         # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
@@ -286,6 +301,7 @@ class Runtime:
             charges=self.charges,
             on_kind_synced=self._count_kind_synced,
             may_report=lambda: self.leading,
+            watch_api=self.dedicated_api,
         )
         # One client-side budget for the PodSet controller's requests, its Events included
         # (upstream: one per controller client, which its Event sink shares); None = unlimited.
@@ -615,7 +631,7 @@ class Runtime:
             # its webhook (from caches kept current) and waits its turn.
             self.elector = leaderelection.LeaderElector(
                 KubeLeaseLock(
-                    self.api,
+                    self.dedicated_api,
                     settings.lease_namespace,
                     settings.leader_election_lease,
                     request_timeout=settings.leader_election_renew_deadline / 2,
@@ -888,7 +904,7 @@ class Runtime:
                 attributes.namespace,
             ) + f"/{attributes.name}"  # fmt: skip
             try:
-                podset = await rest.get_json(self.api, path)
+                podset = await rest.get_json(self.dedicated_api, path)
             except client.ApiException as error:
                 if error.status == 404:
                     return None

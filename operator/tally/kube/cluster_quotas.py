@@ -43,8 +43,17 @@ class WriteTracker(Protocol):
 class KubeClusterQuotaWriter:
     """PUTs a ClusterQuota's status with the resourceVersion it carries."""
 
-    def __init__(self, api: client.ApiClient, tracker: WriteTracker | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        tracker: WriteTracker | None = None,
+        controller_api: client.ApiClient | None = None,
+    ) -> None:
+        """``api``: admission's reads and writes; ``controller_api`` (default: ``api``): the
+        usage controller's (:meth:`update_status`), apart for the reason
+        :class:`~tally.kube.quota_accessor.KubeQuotaAccessor` gives."""
         self._api = api
+        self._controller_api = controller_api or api
         self._recent = RecentWrites(RECENT_WRITES)
         # Copies read after a lost compare-and-swap: for admission only (see freshest).
         self._refreshed = RecentWrites(RECENT_WRITES)
@@ -60,8 +69,9 @@ class KubeClusterQuotaWriter:
         delivered yet (another replica's raise in it would not be held)."""
         return self._refreshed.check_cache(self._recent.check_cache(cached))
 
-    async def put_status(self, cq: Obj) -> Obj:
-        """The compare-and-swap write; :class:`Conflict` on 409; returns the stored object."""
+    async def put_status(self, cq: Obj, api: client.ApiClient | None = None) -> Obj:
+        """The compare-and-swap write (through ``api``, by default admission's);
+        :class:`Conflict` on 409; returns the stored object."""
         name = str((cq.get("metadata") or {}).get("name") or "")
         path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}/status"
         key = write_key(name)
@@ -69,7 +79,7 @@ class KubeClusterQuotaWriter:
             self.tracker.writing(key)
         stored: Obj | None = None
         try:
-            stored = await rest.put_json(self._api, path, cq)
+            stored = await rest.put_json(api or self._api, path, cq)
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"clusterquotas/{name}: {error.reason}") from error
@@ -90,7 +100,7 @@ class KubeClusterQuotaWriter:
     async def update_status(self, cq: Obj, status: Mapping[str, Any]) -> None:
         """The usage controller's write; a ClusterQuota deleted meanwhile is done."""
         try:
-            await self.put_status({**cq, "status": dict(status)})
+            await self.put_status({**cq, "status": dict(status)}, self._controller_api)
         except client.ApiException as error:
             if error.status != 404:
                 raise

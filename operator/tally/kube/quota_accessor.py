@@ -80,14 +80,19 @@ class KubeQuotaAccessor:
         api: client.ApiClient,
         charges: ChargeLedger | None = None,
         cluster_quotas: ClusterQuotaViews | None = None,
+        controller_api: client.ApiClient | None = None,
     ) -> None:
-        """``charges``: where raises of usage this process did not write are held
-        (:meth:`usage_raised`); None ignores them. Pass one only when other replicas' admission
-        may charge the same quotas (leader election): with a single replica, a raise it did not
-        write is someone editing the status, which the next recalculation corrects at once, as
-        upstream's controller does."""
+        """``api``: admission's reads and writes; ``controller_api`` (default: ``api``): the
+        controller's writes (:meth:`update_status`). Apart, so that a pod create that waits for
+        this webhook never holds the connection the webhook's own write needs (see
+        :func:`tally.kube.rest.make_api_client`). ``charges``: where raises of usage this
+        process did not write are held (:meth:`usage_raised`); None ignores them. Pass one only
+        when other replicas' admission may charge the same quotas (leader election): with a
+        single replica, a raise it did not write is someone editing the status, which the next
+        recalculation corrects at once, as upstream's controller does."""
         self._quotas = quotas
         self._api = api
+        self._controller_api = controller_api or api
         self.cluster_quotas = cluster_quotas
         """ClusterQuotas are judged beside the namespace's ResourceQuotas (None: none are)."""
         self._updated = UpdatedQuotas()
@@ -126,14 +131,14 @@ class KubeQuotaAccessor:
             quotas.extend(self.cluster_quotas.views(namespace))
         return quotas
 
-    async def _put_status(self, quota: Obj) -> Obj:
+    async def _put_status(self, quota: Obj, api: client.ApiClient) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
         namespace, name = key = _key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
         self.writing(key)
         stored: Obj | None = None
         try:
-            stored = await rest.put_json(self._api, path, quota)
+            stored = await rest.put_json(api, path, quota)
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
@@ -153,7 +158,7 @@ class KubeQuotaAccessor:
         or of the ClusterQuota a view stands for."""
         if quota.get("kind") == CLUSTER_QUOTA_KIND and self.cluster_quotas is not None:
             return await self.cluster_quotas.write(quota, charged_by_namespace or {})
-        return await self._put_status(quota)
+        return await self._put_status(quota, self._api)
 
     async def refresh(self, quota: Obj) -> None:
         """Admission lost a write of ``quota``: read it from the API (a quorum read) so that
@@ -246,7 +251,7 @@ class KubeQuotaAccessor:
     async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:
         """The controller's write (``QuotaStatusWriter``); a quota deleted meanwhile is done."""
         try:
-            await self._put_status({**quota_obj, "status": status})
+            await self._put_status({**quota_obj, "status": status}, self._controller_api)
         except client.ApiException as error:
             if error.status != 404:
                 raise

@@ -1,8 +1,10 @@
 """The kubernetes-asyncio client tally uses for its own reads and writes.
 
-Kopf logs in on its own for watching; tally's controllers and the admission webhook write
-through one shared ``ApiClient`` made here. In a pod it uses the service account, elsewhere the
-kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
+Kopf logs in on its own for watching; tally's controllers write through an ``ApiClient``
+made here whose pool is limited (``TALLY_API_CONNECTIONS``), and a second one without a limit
+carries what must never wait behind them (admission's reads and writes, the Lease, the
+``count/`` reflectors' watches). In a pod they use the service account, elsewhere the kubeconfig
+(``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
 """
 
 from __future__ import annotations
@@ -19,13 +21,33 @@ REQUEST_TIMEOUT_S: Final = 60
 """kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
 
 
-async def make_api_client() -> client.ApiClient:
-    """One ``ApiClient`` for the process; the caller closes it on shutdown."""
+CONNECTION_COST_KIB: Final = 320
+"""Resident memory one pooled TLS connection to the API server holds, measured (CPython 3.11:
+asyncio's SSL transport keeps a 256 KiB read buffer per connection, OpenSSL the rest)."""
+
+
+async def make_api_client(connections: int | None) -> client.ApiClient:
+    """An ``ApiClient`` whose pool keeps at most ``connections`` connections (None: no limit);
+    the caller closes it on shutdown.
+
+    client-go sends every request of a process over one HTTP/2 connection; aiohttp speaks
+    HTTP/1.1, where each request in flight holds a connection of its own, and its pool hands
+    out the connection released longest ago: under steady traffic every pooled connection is
+    reused before its 15 s keep-alive runs out, so none ever closes. The pool is a ratchet:
+    after a burst (a new leader syncing every quota, a PodSet scaled by hundreds, every
+    re-list after an API server restart) the process keeps :data:`CONNECTION_COST_KIB` for
+    each request that burst had in flight, for as long as it lives. With a limit, requests
+    beyond it wait for a connection instead. A client with a limit must carry nothing that
+    waits on tally itself (admission's writes: the creates waiting for tally's webhook could
+    hold every connection) nor long-lived watches (each holds its connection for minutes).
+    """
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         await config.load_kube_config(client_configuration=configuration)
+    # aiohttp reads 0 as "no limit" (kubernetes-asyncio's own None means its default, 100).
+    configuration.connection_pool_maxsize = connections or 0
     api = client.ApiClient(configuration)
     read_environment_once(api, str(configuration.host))
     return api

@@ -362,11 +362,15 @@ class DynamicKinds:
         fetch: Fetch | None = None,
         reflector_factory: Callable[..., Reflector] | None = None,
         may_report: Callable[[], bool] = lambda: True,
+        watch_api: client.ApiClient | None = None,
     ) -> None:
         """``may_report``: whether Events may be posted now. With leader election only the
         leader posts them (every replica watches and logs); a replica that becomes leader
-        posts what is still untold at its next pass (poke it)."""
+        posts what is still untold at its next pass (poke it). ``watch_api`` (default:
+        ``api``): the reflectors' client, whose connections no request limit may hold back
+        (a watch keeps its connection for minutes)."""
         self._api = api
+        self._watch_api = watch_api or api
         self._may_report = may_report
         self.registry = registry
         self._quotas = quotas
@@ -559,7 +563,7 @@ class DynamicKinds:
             self.poke()
 
         reflector = self._reflector_factory(
-            KubeListWatch(self._api, resource.ref),
+            KubeListWatch(self._watch_api, resource.ref),
             store,
             name=str(gr),
             on_synced=on_synced,

@@ -1,0 +1,161 @@
+"""tally's API clients and their connections, on the real API server.
+
+aiohttp hands out the pooled connection released longest ago, so under steady traffic no pooled
+connection idles out: without a limit the pool keeps one TLS connection (~320 KiB) per request
+the largest burst had in flight, for as long as the process lives. ``make_api_client`` takes a
+limit (``TALLY_API_CONNECTIONS``); the first tests count this process's established connections
+to the API server from ``/proc``. The last runs tally with a single such connection: the PodSet
+controller's pod creates hold it while they wait for tally's own webhook, whose quota writes
+must therefore go through a client of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.config import kube_config
+from operator_process import TallyProcess
+from podset_e2e import PODSET, install_podset_crd
+
+from tally.kube import rest
+from tally_e2e import ControlPlane, eventually
+
+BURST = 30
+KEEPALIVE_S = 15.0
+"""aiohttp's keep-alive: a pooled connection unused for longer is closed when next taken."""
+
+
+def connections_to(port: int) -> int:
+    """This process's ESTABLISHED TCP connections whose remote port is ``port``."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            established = fields[3] == "01"
+            if established and remote_port == port and fields[9] in inodes:
+                found += 1
+    return found
+
+
+async def _client(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch, connections: int | None
+) -> tuple[client.ApiClient, int]:
+    # tally's process has $KUBECONFIG set before kubernetes-asyncio reads it (on import).
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(control_plane.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api = await rest.make_api_client(connections)
+    port = urlsplit(str(api.configuration.host)).port
+    assert port is not None
+    return api, port
+
+
+async def _burst(api: client.ApiClient) -> None:
+    # All at once: none finds a free connection, so each opens one unless the pool is full.
+    versions = await asyncio.gather(*(rest.server_version(api) for _ in range(BURST)))
+    assert len(set(versions)) == 1
+
+
+async def _trickle(api: client.ApiClient, seconds: float) -> None:
+    """Steady traffic, one request at a time, for longer than the keep-alive."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        await rest.server_version(api)
+        await asyncio.sleep(0.25)
+
+
+async def test_a_burst_opens_no_more_connections_than_the_limit(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, port = await _client(control_plane, monkeypatch, 3)
+    try:
+        before = connections_to(port)
+        await _burst(api)
+        assert connections_to(port) - before <= 3
+    finally:
+        await api.close()
+    assert connections_to(port) <= before
+
+
+async def test_without_a_limit_a_burst_s_connections_outlive_the_keep_alive(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the limit: the ratchet itself. If aiohttp ever reuses the newest connection
+    first, idle ones close and this fails; the limit's docstring must then change."""
+    api, port = await _client(control_plane, monkeypatch, None)
+    try:
+        before = connections_to(port)
+        await _burst(api)
+        opened = connections_to(port) - before
+        assert opened >= BURST // 2
+        await _trickle(api, KEEPALIVE_S + 5)
+        assert connections_to(port) - before >= BURST // 2
+    finally:
+        await api.close()
+
+
+PODS = 40
+FILL_WITHIN_S = 60.0
+"""Generous for a shared 2-core machine, and far below what the creates would take if each
+waited out the webhook's timeout (~10 s) for a connection its own create holds."""
+
+
+@pytest.fixture(scope="module")
+def one_connection_tally(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TallyProcess]:
+    install_podset_crd(control_plane)
+    process = TallyProcess(
+        control_plane.kubeconfig,
+        tmp_path_factory.mktemp("tally-one-connection") / "tally.log",
+        bin_dir=control_plane.bin_dir,
+        env={"TALLY_API_CONNECTIONS": "1"},
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+async def test_podset_creates_charged_by_tally_with_a_single_request_connection(
+    one_connection_tally: TallyProcess, api: client.ApiClient, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "100"}}}
+    )
+    await eventually(
+        lambda: core.read_namespaced_resource_quota("pods", namespace),
+        until=lambda q: (q.status.used or {}).get("pods") == "0",
+        what="the quota's first status (admission charges pods from then on)",
+    )
+    started = time.monotonic()
+    await PODSET.create(api, namespace, "web", PODS)
+    await eventually(
+        lambda: PODSET.owned_pods(api, namespace, "web"),
+        until=lambda pods: len(pods) == PODS,
+        within=FILL_WITHIN_S,
+        interval=0.5,
+        what=f"{PODS} pods",
+    )
+    assert time.monotonic() - started < FILL_WITHIN_S
+    quota = await core.read_namespaced_resource_quota("pods", namespace)
+    assert str(PODS) == quota.status.used["pods"]
+    assert "timed out" not in one_connection_tally.log_text(tail=2000)
