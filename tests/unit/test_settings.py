@@ -52,7 +52,7 @@ def test_bad_values_name_the_variable(environ: dict[str, str], named: str) -> No
 
 
 def test_api_connections() -> None:
-    assert 8 == Settings.from_env({}).api_connections
+    assert 16 == Settings.from_env({}).api_connections
     assert 32 == Settings.from_env({"TALLY_API_CONNECTIONS": "32"}).api_connections
 
 

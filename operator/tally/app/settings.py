@@ -69,11 +69,13 @@ class Settings(BaseModel):
     heap_trim_period: float = Field(default=60.0, ge=0, le=86400)
     """``TALLY_HEAP_TRIM_PERIOD``: seconds between returns of freed heap memory to the
     operating system (glibc's ``malloc_trim``; see :mod:`tally.app.heap`); 0 turns it off."""
-    api_connections: int = Field(default=8, ge=1, le=1000)
+    api_connections: int = Field(default=16, ge=1, le=1000)
     """``TALLY_API_CONNECTIONS``: most requests tally has in flight to the API server at once
     (each holds a TLS connection of ~320 KiB that stays open; see
     :func:`tally.kube.rest.make_api_client`). Admission, the Lease and the ``count/`` watches
-    have connections of their own, outside this limit."""
+    have connections of their own, outside this limit. 16 keeps the PodSet controller's
+    unthrottled bursts near the API server's own pace (``bench/podset.py``); 8 halves what a
+    new leader's first syncs add for good, and slows those bursts."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""
