@@ -41,3 +41,41 @@ def test_a_failed_start_is_tried_again_within_seconds() -> None:
     assert 1 == len(starts)
     assert starts[0].backoff is not None
     assert starts[0].backoff <= 5.0
+
+
+class FakeClient:
+    def __init__(self, connections: int | None) -> None:
+        self.connections = connections
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("failing", ["second-client", "version"])
+async def test_a_failed_start_closes_every_client_it_opened(
+    monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    # Kopf retries a failed start every few seconds through an API server outage: a client
+    # left open per attempt would pile up.
+    opened: list[FakeClient] = []
+
+    async def make_api_client(connections: int | None) -> FakeClient:
+        if failing == "second-client" and opened:
+            raise RuntimeError("no kubeconfig")
+        opened.append(FakeClient(connections))
+        return opened[-1]
+
+    async def server_version(api: object) -> str:
+        raise RuntimeError("API server unreachable")
+
+    monkeypatch.delenv("TALLY_API_CONNECTIONS", raising=False)
+    monkeypatch.setattr(handlers.rest, "make_api_client", make_api_client)
+    monkeypatch.setattr(handlers.rest, "server_version", server_version)
+    monkeypatch.setattr(handlers, "configure_kopf", lambda settings: None)
+    with pytest.raises(RuntimeError):
+        await handlers.start(settings=None, memo=kopf.Memo())  # type: ignore[arg-type]
+    # The requests' client has the limit, the other none.
+    assert [16, None][: len(opened)] == [c.connections for c in opened]
+    assert len(opened) == (1 if failing == "second-client" else 2)
+    assert all(c.closed for c in opened)

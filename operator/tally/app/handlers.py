@@ -61,8 +61,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     except SettingsError as error:
         raise kopf.PermanentError(str(error)) from None
     api = await rest.make_api_client(config.api_connections)
-    dedicated_api = await rest.make_api_client(None)
+    clients = [api]
     try:
+        dedicated_api = await rest.make_api_client(None)
+        clients.append(dedicated_api)
         memo.apiserver_version = await rest.server_version(api)
         logger.info("connected to the API server, version %s", memo.apiserver_version)
         runtime = Runtime(
@@ -72,7 +74,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     except BaseException:
         # Kopf tries again with fresh clients: ones left open per attempt would pile up
         # through a long outage.
-        await asyncio.gather(api.close(), dedicated_api.close())
+        await asyncio.gather(*(opened.close() for opened in clients))
         raise
     memo.api = api
     memo.dedicated_api = dedicated_api
