@@ -21,11 +21,6 @@ REQUEST_TIMEOUT_S: Final = 60
 """kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
 
 
-CONNECTION_COST_KIB: Final = 320
-"""Resident memory one pooled TLS connection to the API server holds, measured (CPython 3.11:
-asyncio's SSL transport keeps a 256 KiB read buffer per connection, OpenSSL the rest)."""
-
-
 async def make_api_client(connections: int | None) -> client.ApiClient:
     """An ``ApiClient`` whose pool keeps at most ``connections`` connections (None: no limit);
     the caller closes it on shutdown.
@@ -35,11 +30,13 @@ async def make_api_client(connections: int | None) -> client.ApiClient:
     out the connection released longest ago: under steady traffic every pooled connection is
     reused before its 15 s keep-alive runs out, so none ever closes. The pool is a ratchet:
     after a burst (a new leader syncing every quota, a PodSet scaled by hundreds, every
-    re-list after an API server restart) the process keeps :data:`CONNECTION_COST_KIB` for
-    each request that burst had in flight, for as long as it lives. With a limit, requests
-    beyond it wait for a connection instead. A client with a limit must carry nothing that
-    waits on tally itself (admission's writes: the creates waiting for tally's webhook could
-    hold every connection) nor long-lived watches (each holds its connection for minutes).
+    re-list after an API server restart) the process keeps a connection for each request that
+    burst had in flight, for as long as it lives: ~320 KiB of resident memory each, measured
+    (CPython 3.11's asyncio keeps a 256 KiB read buffer per TLS connection, OpenSSL the rest).
+    With a limit, requests beyond it wait for a connection instead. A client with a limit must
+    carry nothing that waits on tally itself (admission's writes: the creates waiting for
+    tally's webhook could hold every connection) nor long-lived watches (each holds its
+    connection for minutes).
     """
     configuration = client.Configuration()
     try:
