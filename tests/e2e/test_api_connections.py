@@ -6,7 +6,8 @@ the largest burst had in flight, for as long as the process lives. ``make_api_cl
 limit (``TALLY_API_CONNECTIONS``); the first tests count this process's established connections
 to the API server from ``/proc``. The last runs tally with a single such connection: the PodSet
 controller's pod creates hold it while they wait for tally's own webhook, whose quota writes
-must therefore go through a client of their own.
+must therefore go through a client of their own. Renewing a pool (``rest.PoolRenewal``) gives a
+burst's connections back.
 """
 
 from __future__ import annotations
@@ -108,6 +109,34 @@ async def test_without_a_limit_a_burst_s_connections_outlive_the_keep_alive(
         await _trickle(api, KEEPALIVE_S + 5)
         assert len(opened & connections_to(port)) >= BURST // 2
     finally:
+        await api.close()
+
+
+async def test_a_renewed_pool_gives_a_burst_s_connections_back(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the ratchet above costs is given back: after a renewal the burst's connections
+    idle out on the retired pool, and the same steady traffic needs one or two new ones."""
+    api, port = await _client(control_plane, monkeypatch, None)
+    renewal = rest.PoolRenewal([api], period=3600)
+    try:
+        before = connections_to(port)
+        # Renewed while the burst is in flight: its requests finish on the pool they began on.
+        burst = asyncio.create_task(_burst(api))
+        await asyncio.sleep(0)
+        await _burst(api)
+        opened = connections_to(port) - before
+        assert len(opened) >= BURST // 2
+        await renewal.renew_once()
+        await burst
+        # aiohttp closes idle connections on a timer of the keep-alive's length: one that
+        # just missed a round goes at the next.
+        await _trickle(api, 2 * KEEPALIVE_S + 5)
+        now = connections_to(port)
+        assert not opened & now
+        assert 1 <= len(now - before) <= 2
+    finally:
+        await renewal.stop()
         await api.close()
 
 

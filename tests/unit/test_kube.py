@@ -154,3 +154,80 @@ async def test_a_warning_about_a_namespaced_object_lives_beside_it() -> None:
     assert ("team-a", "ResourceQuota") == (
         body["involvedObject"]["namespace"], body["involvedObject"]["kind"]
     )  # fmt: skip
+
+
+# -- pool renewal
+
+
+async def test_a_renewed_pool_keeps_the_limit_and_proxy_and_never_reads_the_environment(
+    clean_proxy_env: pytest.MonkeyPatch,
+) -> None:
+    clean_proxy_env.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    configuration = client.Configuration()
+    configuration.host = HOST
+    configuration.connection_pool_maxsize = 8
+    api = client.ApiClient(configuration)
+    rest.read_environment_once(api, HOST)
+    old = api.rest_client
+    try:
+        retired = rest.renew_pool(api)
+        assert retired is old
+        assert api.rest_client is not old
+        session = api.rest_client.pool_manager
+        assert session is not old.pool_manager
+        assert 8 == session.connector.limit
+        assert session.trust_env is False
+        assert "http://proxy.example:3128" == api.rest_client.proxy
+        # The retired pool stays open: requests sent before the renewal finish on it.
+        assert not old.pool_manager.closed
+    finally:
+        await old.close()
+        await api.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_retired_pools_close_after_the_grace_and_all_at_stop() -> None:
+    apis = [await _client(), await _client()]
+    clock = _Clock()
+    # The same client twice (a runtime without a dedicated client) is renewed once.
+    renewal = rest.PoolRenewal([apis[0], apis[1], apis[0]], 60, grace=100, clock=clock)
+    first = [api.rest_client for api in apis]
+    try:
+        await renewal.renew_once()
+        assert 2 == renewal.retired
+        assert all(not pool.pool_manager.closed for pool in first)
+        second = [api.rest_client for api in apis]
+        assert not set(map(id, second)) & set(map(id, first))
+
+        clock.now = 99.0
+        await renewal.renew_once()
+        assert 4 == renewal.retired  # 99 s < 100 s: the first ones are still open
+        assert all(not pool.pool_manager.closed for pool in first)
+
+        clock.now = 100.0
+        await renewal.renew_once()
+        assert all(pool.pool_manager.closed for pool in first)
+        assert 4 == renewal.retired  # the second and third generations
+        assert all(not pool.pool_manager.closed for pool in second)
+
+        await renewal.stop()
+        assert 0 == renewal.retired
+        assert all(pool.pool_manager.closed for pool in second)
+        # The clients' current pools are their owners' to close.
+        assert all(not api.rest_client.pool_manager.closed for api in apis)
+    finally:
+        for api in apis:
+            await api.close()
+
+
+@pytest.mark.parametrize("period", [0, -1])
+def test_a_renewal_period_must_be_positive(period: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        rest.PoolRenewal([], period)

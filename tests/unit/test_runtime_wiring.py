@@ -158,6 +158,20 @@ async def test_the_heap_is_trimmed_unless_turned_off() -> None:
         assert runtime.heap_trimmer is None
 
 
+async def test_the_api_pools_are_renewed_unless_turned_off() -> None:
+    async for runtime in _runtime():
+        renewal = runtime.pool_renewal
+        assert renewal is not None
+        before = runtime.api.rest_client
+        await renewal.renew_once()
+        # Without a dedicated client the one client is renewed once, not twice.
+        assert 1 == renewal.retired
+        assert runtime.api.rest_client is not before
+        await renewal.stop()
+    async for runtime in _runtime(api_pool_renewal_period=0):
+        assert runtime.pool_renewal is None
+
+
 async def test_a_usage_write_does_not_send_discovery_through_every_quota(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,6 +30,11 @@ def test_environment_overrides() -> None:
         pytest.param(
             {"TALLY_API_CONNECTIONS": "100000"}, "TALLY_API_CONNECTIONS='100000'", id="absurd-conn"
         ),
+        pytest.param(
+            {"TALLY_API_POOL_RENEWAL_PERIOD": "-60"},
+            "TALLY_API_POOL_RENEWAL_PERIOD='-60'",
+            id="negative-renewal",
+        ),
         pytest.param({"TALLY_RESYNC_PERIOD": "-1"}, "TALLY_RESYNC_PERIOD='-1'", id="negative"),
         pytest.param({"TALLY_RESYNC_PERIOD": "1e9"}, "TALLY_RESYNC_PERIOD='1e9'", id="absurd"),
         pytest.param({"TALLY_NAMESPACES": "a,B_c"}, "TALLY_NAMESPACES='a,B_c'", id="bad-namespace"),
@@ -54,6 +59,11 @@ def test_bad_values_name_the_variable(environ: dict[str, str], named: str) -> No
 def test_api_connections() -> None:
     assert 16 == Settings.from_env({}).api_connections
     assert 32 == Settings.from_env({"TALLY_API_CONNECTIONS": "32"}).api_connections
+
+
+def test_api_pool_renewal_period() -> None:
+    assert 60.0 == Settings.from_env({}).api_pool_renewal_period
+    assert 0.0 == Settings.from_env({"TALLY_API_POOL_RENEWAL_PERIOD": "0"}).api_pool_renewal_period
 
 
 def test_watched_namespaces() -> None:

@@ -178,6 +178,11 @@ class Runtime:
             if trim is not None
             else None
         )
+        self.pool_renewal = (
+            rest.PoolRenewal((self.api, self.dedicated_api), settings.api_pool_renewal_period)
+            if settings.api_pool_renewal_period
+            else None
+        )
         # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
         # charges creates, spec growth and scale writes.
         self.registry.register(PodSetEvaluator())
@@ -581,6 +586,8 @@ class Runtime:
         self.admission.start()
         if self.heap_trimmer is not None:
             self.heap_trimmer.start()
+        if self.pool_renewal is not None:
+            self.pool_renewal.start()
         logger.info(
             "caches synced (%s); admission started",
             ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
@@ -850,6 +857,9 @@ class Runtime:
         await self.recorder.flush()
         if self.heap_trimmer is not None:
             await self.heap_trimmer.stop()
+        if self.pool_renewal is not None:
+            # Last: everything above may still send; the current pools are the clients' owners'.
+            await self.pool_renewal.stop()
         await self._stop_metrics()
 
     async def _stop_metrics(self) -> None:

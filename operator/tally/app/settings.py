@@ -76,6 +76,11 @@ class Settings(BaseModel):
     have connections of their own, outside this limit. 16 keeps the PodSet controller's
     unthrottled bursts near the API server's own pace (``bench/podset.py``); 8 halves what a
     new leader's first syncs add for good, and slows those bursts."""
+    api_pool_renewal_period: float = Field(default=60.0, ge=0, le=86400)
+    """``TALLY_API_POOL_RENEWAL_PERIOD``: seconds between renewals of tally's API connection
+    pools, which give back the connections a burst opened (aiohttp's pool never lets a
+    connection in steady use idle out; see :class:`tally.kube.rest.PoolRenewal`); 0 turns it
+    off, and each pool then keeps what its largest burst opened."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""

@@ -9,13 +9,18 @@ carries what must never wait behind them (admission's reads and writes, the Leas
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
+
+logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S: Final = 60
 """kubernetes-asyncio has no default request timeout; a hung request would hang a worker."""
@@ -31,9 +36,10 @@ async def make_api_client(connections: int | None) -> client.ApiClient:
     reused before its 15 s keep-alive runs out, so none ever closes. The pool is a ratchet:
     after a burst (a new leader syncing every quota, a PodSet scaled by hundreds, every
     re-list after an API server restart) the process keeps a connection for each request that
-    burst had in flight, for as long as it lives: ~320 KiB of resident memory each, measured
-    (CPython 3.11's asyncio keeps a 256 KiB read buffer per TLS connection, OpenSSL the rest).
-    With a limit, requests beyond it wait for a connection instead. A client with a limit must
+    burst had in flight until the pool is renewed (:class:`PoolRenewal`): ~320 KiB of resident
+    memory each, measured (CPython 3.11's asyncio keeps a 256 KiB read buffer per TLS
+    connection, OpenSSL the rest). With a limit, requests beyond it wait for a connection
+    instead: the limit bounds the peak, renewal gives it back. A client with a limit must
     carry nothing that waits on tally itself (admission's writes: the creates waiting for
     tally's webhook could hold every connection) nor long-lived watches (each holds its
     connection for minutes).
@@ -73,8 +79,104 @@ def read_environment_once(api: client.ApiClient, host: str) -> None:
             rest.proxy = str(proxy)
             if proxy_auth is not None:
                 rest.proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+    _stop_reading_environment(session)
+
+
+def _stop_reading_environment(session: aiohttp.ClientSession) -> None:
     # aiohttp has no public setter; tests/unit/test_kube.py fails if this stops working.
     session._trust_env = False
+
+
+RETIRED_POOL_GRACE_S: Final = 15 * 60
+"""How long a retired pool stays open: longer than anything tally sends can take, the longest
+being a reflector's watch (the server ends it within 10 minutes, the client gives it 30 s
+more). Its connections close on their own meanwhile, each 15 s (aiohttp's keep-alive) after
+its last request."""
+
+
+def renew_pool(api: client.ApiClient) -> client.rest.RESTClientObject:
+    """Send ``api``'s next requests through a fresh connection pool (same configuration, same
+    limit, same proxy) and return the old one, for the caller to close once nothing it carries
+    can still be in flight. Requests already sent finish on the old pool."""
+    old = api.rest_client
+    fresh = client.rest.RESTClientObject(api.configuration)
+    fresh.proxy, fresh.proxy_headers = old.proxy, old.proxy_headers
+    _stop_reading_environment(fresh.pool_manager)
+    api.rest_client = fresh
+    return old
+
+
+class PoolRenewal:
+    """Gives a burst's connections back: every ``period`` seconds each client's next requests
+    go through a fresh pool, and the old pool, which nothing new reaches, closes its
+    connections as they idle out.
+
+    Why: aiohttp hands out the pooled connection released longest ago (see
+    :func:`make_api_client`), so a pool in steady use never lets a connection idle out, and
+    keeps every connection its largest burst opened (~320 KiB each) for the life of the
+    process: a new leader's first syncs, an admission burst, a PodSet scaled by hundreds, the
+    re-lists after an API server restart. client-go's transport reuses the newest idle
+    connection first, so its idle ones time out; aiohttp has no public switch for that. A
+    renewed pool opens only the connections the traffic since needed: a few TLS handshakes a
+    minute in steady state. Retired pools are closed after ``grace`` seconds (and all at
+    :meth:`stop`); the clients' current pools belong to their owners.
+    """
+
+    def __init__(
+        self,
+        apis: Iterable[client.ApiClient],
+        period: float,
+        *,
+        grace: float = RETIRED_POOL_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if period <= 0:
+            raise ValueError(f"the period must be positive, not {period}")
+        # One entry per distinct client: a runtime without a dedicated client passes one twice.
+        self._apis = list({id(api): api for api in apis}.values())
+        self._period = period
+        self._grace = grace
+        self._clock = clock
+        self._retired: list[tuple[float, client.rest.RESTClientObject]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.renewals = 0
+
+    @property
+    def retired(self) -> int:
+        """Retired pools not closed yet."""
+        return len(self._retired)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="api-pool-renewal")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        retired, self._retired = self._retired, []
+        await asyncio.gather(*(pool.close() for _, pool in retired), return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period)
+            try:
+                await self.renew_once()
+            except Exception:
+                # A pool that cannot be made (a CA file gone) leaves the current one serving.
+                logger.exception("renewing the API connection pools failed")
+
+    async def renew_once(self) -> None:
+        """Renew every client's pool now; close the retired pools older than the grace."""
+        now = self._clock()
+        for api in self._apis:
+            self._retired.append((now, renew_pool(api)))
+        self.renewals += 1
+        due = [pool for retired_at, pool in self._retired if now - retired_at >= self._grace]
+        self._retired = [(at, pool) for at, pool in self._retired if now - at < self._grace]
+        for pool in due:
+            await pool.close()
 
 
 async def server_version(api: client.ApiClient) -> str:
