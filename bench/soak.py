@@ -71,6 +71,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes_asyncio import client
 
@@ -332,6 +333,9 @@ class Soak:
     convergence: list[float] = field(default_factory=list)
     podset_settle: list[float] = field(default_factory=list)
     rss: list[tuple[float, str, int, float]] = field(default_factory=list)
+    connections: list[tuple[float, str, int, int]] = field(default_factory=list)
+    """(seconds, replica, process, connections to the API server): the RSS's largest part
+    that a burst can leave behind (~320 KiB each)."""
     snapshots: int = 0
     names: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
     quota_present: dict[str, bool] = field(default_factory=dict)
@@ -819,6 +823,11 @@ class Soak:
                 with contextlib.suppress(OSError, KeyError):
                     rss, _ = _common.memory_of(pid)
                     self.rss.append((self.now(), replica.name, replica.incarnation, rss / 2**20))
+                with contextlib.suppress(OSError, ValueError):
+                    connected = _common.connections_of(pid, self.api_port)
+                    self.connections.append(
+                        (self.now(), replica.name, replica.incarnation, connected)
+                    )
             await asyncio.sleep(2.0)
 
     # -- invariants
@@ -1064,6 +1073,12 @@ class Soak:
                     self.violation("traceback", **entry)
         return tracebacks
 
+    @property
+    def api_port(self) -> int:
+        port = urlsplit(self.state.server).port
+        assert port is not None, self.state.server
+        return port
+
     def memory_report(self) -> dict[str, Any]:
         total = self.now()
         report = {}
@@ -1074,7 +1089,10 @@ class Soak:
             taken = [at - self.t0 for at in acquisitions_in(replica.process.log)]
             half = last_half(samples, total)
             by_role = last_half(role_segments(samples, taken), total)
+            connected = [c for _, name, _, c in self.connections if name == replica.name]
             report[replica.name] = {
+                "api_connections_end": connected[-1] if connected else None,
+                "api_connections_max": max(connected, default=None),
                 "start_mib": round(samples[0][2], 1),
                 "end_mib": round(samples[-1][2], 1),
                 "max_mib": round(max(s[2] for s in samples), 1),
@@ -1136,6 +1154,11 @@ class Soak:
             "traceback_list": tracebacks[:20],
             "memory": self.memory_report(),
             # Every 5th sample (10 s apart): (seconds, replica, process, MiB), for a later look.
+            "api_connection_samples": [
+                [round(t, 1), name, process, connected]
+                for index, (t, name, process, connected) in enumerate(self.connections)
+                if index % 5 == 0
+            ],
             "rss_samples": [
                 [round(t, 1), name, process, round(mib, 1)]
                 for index, (t, name, process, mib) in enumerate(self.rss)
@@ -1374,6 +1397,19 @@ def draw(soak: Soak, path: Path) -> None:
             )
     memory.set_ylabel("RSS (MiB)")
     memory.legend(loc="upper left")
+    connections = memory.twinx()
+    for replica in soak.replicas:
+        for inc in sorted({inc for _, n, inc, _ in soak.connections if n == replica.name}):
+            counts = [
+                (t / 60, c) for t, n, i, c in soak.connections if n == replica.name and i == inc
+            ]
+            connections.plot(
+                *zip(*counts, strict=True),
+                color="C0" if replica.name == "a" else "C1",
+                linestyle=":",
+                linewidth=0.8,
+            )
+    connections.set_ylabel("connections to the API server (dotted)")
     end = int(soak.now()) + 1
     for outcome, color in (("ok", "C2"), ("denied", "C3"), ("gone", "C7"), ("error", "k")):
         buckets = [0] * (end // 10 + 1)
