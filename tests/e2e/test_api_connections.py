@@ -118,7 +118,7 @@ async def test_a_renewed_pool_gives_a_burst_s_connections_back(
     """What the ratchet above costs is given back: after a renewal the burst's connections
     idle out on the retired pool, and the same steady traffic needs one or two new ones."""
     api, port = await _client(control_plane, monkeypatch, None)
-    renewal = rest.PoolRenewal([api], period=3600)
+    renewal = rest.PoolRenewal([api], period=3600, grace=rest.REQUEST_TIMEOUT_S + KEEPALIVE_S)
     try:
         before = connections_to(port)
         # Renewed while the burst is in flight: its requests finish on the pool they began on.

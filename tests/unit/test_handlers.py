@@ -75,7 +75,7 @@ async def test_a_failed_start_closes_every_client_it_opened(
     monkeypatch.setattr(handlers, "configure_kopf", lambda settings: None)
     with pytest.raises(RuntimeError):
         await handlers.start(settings=None, memo=kopf.Memo())  # type: ignore[arg-type]
-    # The requests' client has the limit, the other none.
-    assert [16, None][: len(opened)] == [c.connections for c in opened]
-    assert len(opened) == (1 if failing == "second-client" else 2)
+    # The requests' client has the limit, admission's and the watches' none.
+    assert [16, None, None][: len(opened)] == [c.connections for c in opened]
+    assert len(opened) == (1 if failing == "second-client" else 3)
     assert all(c.closed for c in opened)

@@ -227,7 +227,11 @@ async def test_retired_pools_close_after_the_grace_and_all_at_stop() -> None:
             await api.close()
 
 
-@pytest.mark.parametrize("period", [0, -1])
-def test_a_renewal_period_must_be_positive(period: float) -> None:
-    with pytest.raises(ValueError, match="positive"):
-        rest.PoolRenewal([], period)
+@pytest.mark.parametrize(
+    ("period", "grace", "message"), [(0, 75, "positive"), (-1, 75, "positive"), (60, -1, "grace")]
+)
+def test_a_renewal_period_must_be_positive_and_the_grace_not_negative(
+    period: float, grace: float, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        rest.PoolRenewal([], period, grace=grace)

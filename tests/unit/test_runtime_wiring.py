@@ -158,18 +158,26 @@ async def test_the_heap_is_trimmed_unless_turned_off() -> None:
         assert runtime.heap_trimmer is None
 
 
-async def test_the_api_pools_are_renewed_unless_turned_off() -> None:
-    async for runtime in _runtime():
+async def test_the_requests_pools_are_renewed_and_the_watches_never() -> None:
+    clients = [client.ApiClient() for _ in range(3)]
+    api, dedicated, watches = clients
+    try:
+        runtime = Runtime(Settings(), api, dedicated_api=dedicated, watch_api=watches)
         renewal = runtime.pool_renewal
         assert renewal is not None
-        before = runtime.api.rest_client
+        before = [c.rest_client for c in clients]
         await renewal.renew_once()
-        # Without a dedicated client the one client is renewed once, not twice.
-        assert 1 == renewal.retired
-        assert runtime.api.rest_client is not before
+        assert 2 == renewal.retired
+        assert api.rest_client is not before[0]
+        assert dedicated.rest_client is not before[1]
+        # A reflector's watch lasts up to 10.5 minutes: its pool is never retired under it.
+        assert watches.rest_client is before[2]
         await renewal.stop()
-    async for runtime in _runtime(api_pool_renewal_period=0):
-        assert runtime.pool_renewal is None
+        off = Runtime(Settings(api_pool_renewal_period=0), api, dedicated_api=dedicated)
+        assert off.pool_renewal is None
+    finally:
+        for opened in clients:
+            await opened.close()
 
 
 async def test_a_usage_write_does_not_send_discovery_through_every_quota(

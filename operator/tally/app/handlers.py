@@ -65,10 +65,16 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     try:
         dedicated_api = await rest.make_api_client(None)
         clients.append(dedicated_api)
+        watch_api = await rest.make_api_client(None)
+        clients.append(watch_api)
         memo.apiserver_version = await rest.server_version(api)
         logger.info("connected to the API server, version %s", memo.apiserver_version)
         runtime = Runtime(
-            config, api, dedicated_api=dedicated_api, on_leadership_lost=_stop_this_process
+            config,
+            api,
+            dedicated_api=dedicated_api,
+            watch_api=watch_api,
+            on_leadership_lost=_stop_this_process,
         )
         await runtime.start()
     except BaseException:
@@ -78,6 +84,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         raise
     memo.api = api
     memo.dedicated_api = dedicated_api
+    memo.watch_api = watch_api
     memo.runtime = runtime
 
 
@@ -92,7 +99,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get("runtime")
     if runtime is not None:
         await runtime.stop()
-    for name in ("api", "dedicated_api"):
+    for name in ("api", "dedicated_api", "watch_api"):
         api = memo.get(name)
         if api is not None:
             await api.close()

@@ -151,6 +151,7 @@ class Runtime:
         api: client.ApiClient,
         *,
         dedicated_api: client.ApiClient | None = None,
+        watch_api: client.ApiClient | None = None,
         on_leadership_lost: Callable[[], None] | None = None,
         identity: str | None = None,
     ) -> None:
@@ -160,13 +161,18 @@ class Runtime:
         admission's reads and writes (a pod the PodSet controller creates waits for tally's
         webhook; were the webhook's status write queued behind that create's connection, both
         would wait out the webhook's timeout), the Lease's renewals (one queued behind a burst
-        would lose the lease) and the ``count/`` reflectors' watches (each holds a connection
-        for minutes). Admission needs no limit: its lanes bound what it has in flight.
+        would lose the lease). Admission needs no limit: its lanes bound what it has in
+        flight. ``watch_api`` (default: ``dedicated_api``): the ``count/`` reflectors' lists
+        and watches, outside the limit too (each watch holds a connection for minutes), on a
+        client whose pool is never renewed (a watch lasts up to 10.5 minutes; the other
+        two clients' pools are renewed every ``TALLY_API_POOL_RENEWAL_PERIOD``, and a retired
+        pool is closed once its longest request must have ended).
         ``on_leadership_lost``: called once the controllers stopped after the lease was
         lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
         self.api = api
         self.dedicated_api = dedicated_api or api
+        self.watch_api = watch_api or self.dedicated_api
         self.identity = identity or leaderelection.default_identity()
         self._on_leadership_lost = on_leadership_lost
         self.registry: Registry = new_registry()
@@ -178,9 +184,16 @@ class Runtime:
             if trim is not None
             else None
         )
+        renewed = [c for c in (self.api, self.dedicated_api) if c is not self.watch_api]
         self.pool_renewal = (
-            rest.PoolRenewal((self.api, self.dedicated_api), settings.api_pool_renewal_period)
-            if settings.api_pool_renewal_period
+            rest.PoolRenewal(
+                renewed,
+                settings.api_pool_renewal_period,
+                # The longest request through them: REQUEST_TIMEOUT_S, or a Lease renewal.
+                grace=max(rest.REQUEST_TIMEOUT_S, settings.leader_election_renew_deadline / 2)
+                + rest.KEEPALIVE_S,
+            )
+            if settings.api_pool_renewal_period and renewed
             else None
         )
         # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
@@ -306,7 +319,7 @@ class Runtime:
             charges=self.charges,
             on_kind_synced=self._count_kind_synced,
             may_report=lambda: self.leading,
-            watch_api=self.dedicated_api,
+            watch_api=self.watch_api,
         )
         # One client-side budget for the PodSet controller's requests, its Events included
         # (upstream: one per controller client, which its Event sink shares); None = unlimited.

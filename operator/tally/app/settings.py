@@ -71,11 +71,11 @@ class Settings(BaseModel):
     operating system (glibc's ``malloc_trim``; see :mod:`tally.app.heap`); 0 turns it off."""
     api_connections: int = Field(default=16, ge=1, le=1000)
     """``TALLY_API_CONNECTIONS``: most requests tally has in flight to the API server at once
-    (each holds a TLS connection of ~320 KiB that stays open; see
+    (each holds a TLS connection of ~320 KiB that stays open until its pool is renewed; see
     :func:`tally.kube.rest.make_api_client`). Admission, the Lease and the ``count/`` watches
     have connections of their own, outside this limit. 16 keeps the PodSet controller's
-    unthrottled bursts near the API server's own pace (``bench/podset.py``); 8 halves what a
-    new leader's first syncs add for good, and slows those bursts."""
+    unthrottled bursts near the API server's own pace (``bench/podset.py``); 8 halves the
+    connections a new leader's first syncs open, and slows those bursts."""
     api_pool_renewal_period: float = Field(default=60.0, ge=0, le=86400)
     """``TALLY_API_POOL_RENEWAL_PERIOD``: seconds between renewals of tally's API connection
     pools, which give back the connections a burst opened (aiohttp's pool never lets a

@@ -1,9 +1,10 @@
 """The kubernetes-asyncio client tally uses for its own reads and writes.
 
 Kopf logs in on its own for watching; tally's controllers write through an ``ApiClient``
-made here whose pool is limited (``TALLY_API_CONNECTIONS``), and a second one without a limit
-carries what must never wait behind them (admission's reads and writes, the Lease, the
-``count/`` reflectors' watches). In a pod they use the service account, elsewhere the kubeconfig
+made here whose pool is limited (``TALLY_API_CONNECTIONS``), a second one without a limit
+carries what must never wait behind them (admission's reads and writes, the Lease), and a third
+the ``count/`` reflectors' watches. The first two have their pools renewed
+(:class:`PoolRenewal`). In a pod they use the service account, elsewhere the kubeconfig
 (``KUBECONFIG`` or ``~/.kube/config``), the same order Kopf tries.
 """
 
@@ -87,11 +88,8 @@ def _stop_reading_environment(session: aiohttp.ClientSession) -> None:
     session._trust_env = False
 
 
-RETIRED_POOL_GRACE_S: Final = 15 * 60
-"""How long a retired pool stays open: longer than anything tally sends can take, the longest
-being a reflector's watch (the server ends it within 10 minutes, the client gives it 30 s
-more). Its connections close on their own meanwhile, each 15 s (aiohttp's keep-alive) after
-its last request."""
+KEEPALIVE_S: Final = 15.0
+"""aiohttp's keep-alive: a pooled connection unused for this long is closed."""
 
 
 def renew_pool(api: client.ApiClient) -> client.rest.RESTClientObject:
@@ -118,8 +116,11 @@ class PoolRenewal:
     re-lists after an API server restart. client-go's transport reuses the newest idle
     connection first, so its idle ones time out; aiohttp has no public switch for that. A
     renewed pool opens only the connections the traffic since needed: a few TLS handshakes a
-    minute in steady state. Retired pools are closed after ``grace`` seconds (and all at
-    :meth:`stop`); the clients' current pools belong to their owners.
+    minute in steady state. A retired pool is closed ``grace`` seconds after it was retired
+    (and all at :meth:`stop`): longer than any request sent through these clients can take,
+    so none is cut (long watches belong on a client that is not renewed). Each pool costs
+    ~22 KiB besides its connections (its TLS context): a long grace would keep many. The
+    clients' current pools belong to their owners.
     """
 
     def __init__(
@@ -127,11 +128,13 @@ class PoolRenewal:
         apis: Iterable[client.ApiClient],
         period: float,
         *,
-        grace: float = RETIRED_POOL_GRACE_S,
+        grace: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if period <= 0:
             raise ValueError(f"the period must be positive, not {period}")
+        if grace < 0:
+            raise ValueError(f"the grace must not be negative, not {grace}")
         # One entry per distinct client: a runtime without a dedicated client passes one twice.
         self._apis = list({id(api): api for api in apis}.values())
         self._period = period
