@@ -115,20 +115,22 @@ async def test_without_a_limit_a_burst_s_connections_outlive_the_keep_alive(
 async def test_a_renewed_pool_gives_a_burst_s_connections_back(
     control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the ratchet above costs is given back: after a renewal the burst's connections
-    idle out on the retired pool, and the same steady traffic needs one or two new ones."""
+    """What the ratchet above costs is given back: once a period has passed that did not
+    need them, the pool is renewed, the burst's connections idle out on the retired pool, and
+    the same steady traffic needs one or two new ones."""
     api, port = await _client(control_plane, monkeypatch, None)
     renewal = rest.PoolRenewal([api], period=3600, grace=rest.REQUEST_TIMEOUT_S + KEEPALIVE_S)
     try:
         before = connections_to(port)
-        # Renewed while the burst is in flight: its requests finish on the pool they began on.
-        burst = asyncio.create_task(_burst(api))
-        await asyncio.sleep(0)
         await _burst(api)
         opened = connections_to(port) - before
         assert len(opened) >= BURST // 2
+        burst_pool = api.rest_client
         await renewal.renew_once()
-        await burst
+        assert api.rest_client is burst_pool  # the period just ended needed them all
+        await _trickle(api, 2)
+        await renewal.renew_once()
+        assert api.rest_client is not burst_pool
         # aiohttp closes idle connections on a timer of the keep-alive's length: one that
         # just missed a round goes at the next.
         await _trickle(api, 2 * KEEPALIVE_S + 5)

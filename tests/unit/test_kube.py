@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -193,13 +194,28 @@ class _Clock:
         return self.now
 
 
+def _idle(api: client.ApiClient, connections: int) -> None:
+    """As if ``api``'s pool had opened ``connections`` that nothing needed since."""
+    pool = api.rest_client
+    assert isinstance(pool, rest.CountingPool)
+    pool.peak, pool.recent_peak = connections, 0
+
+
+async def _counted_client() -> client.ApiClient:
+    api = await _client()
+    rest.renew_pool(api)  # the default pool, unused, is not counted
+    return api
+
+
 async def test_retired_pools_close_after_the_grace_and_all_at_stop() -> None:
-    apis = [await _client(), await _client()]
+    apis = [await _counted_client(), await _counted_client()]
     clock = _Clock()
     # The same client twice (a runtime without a dedicated client) is renewed once.
     renewal = rest.PoolRenewal([apis[0], apis[1], apis[0]], 60, grace=100, clock=clock)
     first = [api.rest_client for api in apis]
     try:
+        for api in apis:
+            _idle(api, rest.MIN_IDLE_CONNECTIONS)
         await renewal.renew_once()
         assert 2 == renewal.retired
         assert all(not pool.pool_manager.closed for pool in first)
@@ -207,14 +223,16 @@ async def test_retired_pools_close_after_the_grace_and_all_at_stop() -> None:
         assert not set(map(id, second)) & set(map(id, first))
 
         clock.now = 99.0
+        for api in apis:
+            _idle(api, rest.MIN_IDLE_CONNECTIONS)
         await renewal.renew_once()
         assert 4 == renewal.retired  # 99 s < 100 s: the first ones are still open
         assert all(not pool.pool_manager.closed for pool in first)
 
         clock.now = 100.0
-        await renewal.renew_once()
+        await renewal.renew_once()  # nothing idle: none renewed, the due ones closed
         assert all(pool.pool_manager.closed for pool in first)
-        assert 4 == renewal.retired  # the second and third generations
+        assert 2 == renewal.retired
         assert all(not pool.pool_manager.closed for pool in second)
 
         await renewal.stop()
@@ -225,6 +243,56 @@ async def test_retired_pools_close_after_the_grace_and_all_at_stop() -> None:
     finally:
         for api in apis:
             await api.close()
+
+
+async def test_only_a_pool_with_connections_the_period_did_not_need_is_renewed() -> None:
+    busy, idle, uncounted = await _counted_client(), await _counted_client(), await _client()
+    renewal = rest.PoolRenewal([busy, idle, uncounted], 60, grace=100)
+    pools = {name: api.rest_client for name, api in (("busy", busy), ("idle", idle))}
+    try:
+        # Busy: 16 opened, and 16 were in flight at once during the period.
+        busy.rest_client.peak = busy.rest_client.recent_peak = 16
+        # Idle but one short: 30 opened by a burst, 27 needed since.
+        idle.rest_client.peak, idle.rest_client.recent_peak = 30, 30 - rest.MIN_IDLE_CONNECTIONS + 1
+        await renewal.renew_once()
+        # A pool whose use is not counted is renewed every time.
+        assert 1 == renewal.renewals
+        assert busy.rest_client is pools["busy"]
+        assert idle.rest_client is pools["idle"]
+        # The look restarted at what is in flight now (nothing): the burst's 30 are idle.
+        await renewal.renew_once()
+        assert idle.rest_client is not pools["idle"]
+        assert busy.rest_client is not pools["busy"]  # nothing was in flight all period either
+        assert 0 == idle.rest_client.peak  # a fresh pool has opened nothing
+    finally:
+        await renewal.stop()
+        for api in (busy, idle, uncounted):
+            await api.close()
+
+
+async def test_a_counting_pool_counts_requests_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = asyncio.Event()
+
+    async def request(self: object, *args: object, **kwargs: object) -> str:
+        await release.wait()
+        return "answer"
+
+    monkeypatch.setattr(client.rest.RESTClientObject, "request", request)
+    api = await _counted_client()
+    pool = api.rest_client
+    try:
+        three = [asyncio.create_task(pool.request("GET", HOST)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert (3, 3, 3) == (pool.in_flight, pool.peak, pool.recent_peak)
+        assert 0 == pool.look()  # all three were needed
+        assert 3 == pool.recent_peak  # the next look starts at what is in flight
+        release.set()
+        assert ["answer"] * 3 == await asyncio.gather(*three)
+        assert (0, 3) == (pool.in_flight, pool.peak)
+        assert 0 == pool.look()
+        assert 3 == pool.look()  # a whole look with nothing in flight: all three idle
+    finally:
+        await api.close()
 
 
 @pytest.mark.parametrize(

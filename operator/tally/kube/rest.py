@@ -53,6 +53,8 @@ async def make_api_client(connections: int | None) -> client.ApiClient:
     # aiohttp reads 0 as "no limit" (kubernetes-asyncio's own None means its default, 100).
     configuration.connection_pool_maxsize = connections or 0
     api = client.ApiClient(configuration)
+    await api.rest_client.close()  # unused yet: no connection to wait for
+    api.rest_client = CountingPool(configuration)
     read_environment_once(api, str(configuration.host))
     return api
 
@@ -92,21 +94,63 @@ KEEPALIVE_S: Final = 15.0
 """aiohttp's keep-alive: a pooled connection unused for this long is closed."""
 
 
+class CountingPool(client.rest.RESTClientObject):
+    """kubernetes-asyncio's REST client (one aiohttp session, one pool), counting its requests
+    in flight.
+
+    The pool opens a connection only for a request that finds none free, so the most requests
+    it ever had in flight at once (``peak``) bounds the connections it holds, and the most
+    since the last look (``recent_peak``) is what the traffic needs now. Counted around the
+    whole request, the body read included (kubernetes-asyncio reads it inside ``request``
+    unless asked not to, which only watches do, and watches are not sent through a renewed
+    client)."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        super().__init__(configuration)
+        self.in_flight = 0
+        self.peak = 0
+        self.recent_peak = 0
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        self.recent_peak = max(self.recent_peak, self.in_flight)
+        try:
+            return await super().request(*args, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+    def look(self) -> int:
+        """How many connections the pool may hold that nothing since the last look needed;
+        starts the next look."""
+        idle = self.peak - self.recent_peak
+        self.recent_peak = self.in_flight
+        return idle
+
+
 def renew_pool(api: client.ApiClient) -> client.rest.RESTClientObject:
     """Send ``api``'s next requests through a fresh connection pool (same configuration, same
     limit, same proxy) and return the old one, for the caller to close once nothing it carries
     can still be in flight. Requests already sent finish on the old pool."""
     old = api.rest_client
-    fresh = client.rest.RESTClientObject(api.configuration)
+    fresh = CountingPool(api.configuration)
     fresh.proxy, fresh.proxy_headers = old.proxy, old.proxy_headers
     _stop_reading_environment(fresh.pool_manager)
     api.rest_client = fresh
     return old
 
 
+MIN_IDLE_CONNECTIONS: Final = 4
+"""A pool is renewed only when at least this many of its connections (~1.3 MiB) went unneeded
+for a whole period: renewing a pool the traffic keeps busy gives nothing back, and for the 15 s
+the old pool's last connections take to idle out the process holds both pools' connections."""
+
+
 class PoolRenewal:
-    """Gives a burst's connections back: every ``period`` seconds each client's next requests
-    go through a fresh pool, and the old pool, which nothing new reaches, closes its
+    """Gives a burst's connections back: every ``period`` seconds, each client whose pool
+    holds at least :data:`MIN_IDLE_CONNECTIONS` connections that nothing needed during the
+    period (:meth:`CountingPool.look`; a client whose pool is not counted, always) sends its
+    next requests through a fresh pool, and the old pool, which nothing new reaches, closes its
     connections as they idle out.
 
     Why: aiohttp hands out the pooled connection released longest ago (see
@@ -115,8 +159,8 @@ class PoolRenewal:
     process: a new leader's first syncs, an admission burst, a PodSet scaled by hundreds, the
     re-lists after an API server restart. client-go's transport reuses the newest idle
     connection first, so its idle ones time out; aiohttp has no public switch for that. A
-    renewed pool opens only the connections the traffic since needed: a few TLS handshakes a
-    minute in steady state. A retired pool is closed ``grace`` seconds after it was retired
+    renewed pool opens only the connections the traffic since needed: a few TLS handshakes per
+    renewal. A retired pool is closed ``grace`` seconds after it was retired
     (and all at :meth:`stop`): longer than any request sent through these clients can take,
     so none is cut (long watches belong on a client that is not renewed). Each pool costs
     ~22 KiB besides its connections (its TLS context): a long grace would keep many. The
@@ -171,11 +215,15 @@ class PoolRenewal:
                 logger.exception("renewing the API connection pools failed")
 
     async def renew_once(self) -> None:
-        """Renew every client's pool now; close the retired pools older than the grace."""
+        """Renew the pools that held idle connections through the period now; close the
+        retired pools older than the grace."""
         now = self._clock()
         for api in self._apis:
+            pool = api.rest_client
+            if isinstance(pool, CountingPool) and pool.look() < MIN_IDLE_CONNECTIONS:
+                continue
             self._retired.append((now, renew_pool(api)))
-        self.renewals += 1
+            self.renewals += 1
         due = [pool for retired_at, pool in self._retired if now - retired_at >= self._grace]
         self._retired = [(at, pool) for at, pool in self._retired if now - at < self._grace]
         for pool in due:
