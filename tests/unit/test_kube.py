@@ -203,7 +203,7 @@ def _idle(api: client.ApiClient, connections: int) -> None:
 
 async def _counted_client() -> client.ApiClient:
     api = await _client()
-    rest.renew_pool(api)  # the default pool, unused, is not counted
+    await rest.renew_pool(api).close()  # the default pool, unused, is not counted
     return api
 
 
@@ -268,6 +268,24 @@ async def test_only_a_pool_with_connections_the_period_did_not_need_is_renewed()
         await renewal.stop()
         for api in (busy, idle, uncounted):
             await api.close()
+
+
+async def test_requests_waiting_for_a_connection_are_not_connections() -> None:
+    # A pool limited to 16 had 200 requests in flight (184 waiting for a connection): it holds
+    # at most 16, and a period with 16 in flight needed them all.
+    configuration = client.Configuration()
+    configuration.host = HOST
+    configuration.connection_pool_maxsize = 16
+    api = client.ApiClient(configuration)
+    await rest.renew_pool(api).close()
+    pool = api.rest_client
+    try:
+        pool.peak, pool.recent_peak = 200, 16
+        assert 0 == pool.look()
+        pool.recent_peak = 5
+        assert 11 == pool.look()
+    finally:
+        await api.close()
 
 
 async def test_a_counting_pool_counts_requests_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:

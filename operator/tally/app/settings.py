@@ -77,10 +77,11 @@ class Settings(BaseModel):
     unthrottled bursts near the API server's own pace (``bench/podset.py``); 8 halves the
     connections a new leader's first syncs open, and slows those bursts."""
     api_pool_renewal_period: float = Field(default=60.0, ge=0, le=86400)
-    """``TALLY_API_POOL_RENEWAL_PERIOD``: seconds between renewals of tally's API connection
-    pools, which give back the connections a burst opened (aiohttp's pool never lets a
-    connection in steady use idle out; see :class:`tally.kube.rest.PoolRenewal`); 0 turns it
-    off, and each pool then keeps what its largest burst opened."""
+    """``TALLY_API_POOL_RENEWAL_PERIOD``: seconds between looks at tally's API connection
+    pools; one that held connections the period did not need is renewed, which gives back what
+    a burst opened (aiohttp's pool never lets a connection in steady use idle out; see
+    :class:`tally.kube.rest.PoolRenewal`). 0 turns it off: each pool then keeps what its
+    largest burst opened."""
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""

@@ -99,8 +99,9 @@ class CountingPool(client.rest.RESTClientObject):
     in flight.
 
     The pool opens a connection only for a request that finds none free, so the most requests
-    it ever had in flight at once (``peak``) bounds the connections it holds, and the most
-    since the last look (``recent_peak``) is what the traffic needs now. Counted around the
+    it ever had in flight at once (``peak``), or its limit if lower (requests beyond it wait
+    for a connection), bounds the connections it holds, and the most since the last look
+    (``recent_peak``) is what the traffic needs now. Counted around the
     whole request, the body read included (kubernetes-asyncio reads it inside ``request``
     unless asked not to, which only watches do, and watches are not sent through a renewed
     client)."""
@@ -123,7 +124,11 @@ class CountingPool(client.rest.RESTClientObject):
     def look(self) -> int:
         """How many connections the pool may hold that nothing since the last look needed;
         starts the next look."""
-        idle = self.peak - self.recent_peak
+        session: aiohttp.ClientSession = self.pool_manager
+        connector = session.connector
+        # aiohttp: a limit of 0 is none; a closed session has no connector.
+        limit = (connector.limit if connector is not None else 0) or self.peak
+        idle = min(self.peak, limit) - min(self.recent_peak, limit)
         self.recent_peak = self.in_flight
         return idle
 
