@@ -298,25 +298,6 @@ def memory_of(pid: int) -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
-def connections_of(pid: int, remote_port: int) -> int:
-    """How many ESTABLISHED TCP connections ``pid`` holds to ``remote_port`` (its sockets by
-    inode, matched in its network namespace's tables)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):  # closed meanwhile
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:[") : -1])
-    count = 0
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            port = int(fields[2].rsplit(":", 1)[1], 16)
-            if fields[3] == "01" and port == remote_port and fields[9] in inodes:
-                count += 1
-    return count
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time ``pid`` has used so far."""
     stat = Path(f"/proc/{pid}/stat").read_text()

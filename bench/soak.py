@@ -824,7 +824,9 @@ class Soak:
                     rss, _ = _common.memory_of(pid)
                     self.rss.append((self.now(), replica.name, replica.incarnation, rss / 2**20))
                 with contextlib.suppress(OSError, ValueError):
-                    connected = _common.connections_of(pid, self.api_port)
+                    connected = len(
+                        _common.operator_process.established_connections(pid, self.api_port)
+                    )
                     self.connections.append(
                         (self.now(), replica.name, replica.incarnation, connected)
                     )

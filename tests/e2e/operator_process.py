@@ -36,6 +36,26 @@ STOP_TIMEOUT_S = 20.0
 WEBHOOK_CONFIGURATION = "validatingwebhookconfiguration/tally.dev"
 
 
+def established_connections(pid: int | str, remote_port: int) -> set[str]:
+    """The ESTABLISHED TCP connections of process ``pid`` (``"self"``: this one) whose remote
+    port is ``remote_port``, by socket inode: matched against its own file descriptors, since
+    the tables of ``/proc/<pid>/net`` list the whole network namespace."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and port == remote_port and fields[9] in inodes:
+                found.add(fields[9])
+    return found
+
+
 def webhook_ports(bin_dir: Path, kubeconfig: Path, configuration: str) -> set[int] | None:
     """The ports a webhook configuration sends reviews to; None when it does not exist.
 

@@ -13,47 +13,27 @@ burst's connections back.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import kube_config
-from operator_process import TallyProcess
+from operator_process import TallyProcess, established_connections
 from podset_e2e import PODSET, install_podset_crd
 
 from tally.kube import rest
 from tally_e2e import ControlPlane, eventually
 
 BURST = 30
-KEEPALIVE_S = 15.0
-"""aiohttp's keep-alive: a pooled connection unused for longer is closed when next taken."""
 
 
 def connections_to(port: int) -> set[str]:
-    """This process's ESTABLISHED TCP connections whose remote port is ``port``, by socket
-    inode (other clients of this test process have connections of their own, which open and
-    close meanwhile: tests compare sets)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    found = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            established = fields[3] == "01"
-            if established and remote_port == port and fields[9] in inodes:
-                found.add(fields[9])
-    return found
+    """This process's established connections to ``port``, by socket inode (other clients of
+    this test process have connections of their own, which open and close meanwhile: tests
+    compare sets)."""
+    return established_connections("self", port)
 
 
 async def _client(
@@ -106,7 +86,7 @@ async def test_without_a_limit_a_burst_s_connections_outlive_the_keep_alive(
         await _burst(api)
         opened = connections_to(port) - before
         assert len(opened) >= BURST // 2
-        await _trickle(api, KEEPALIVE_S + 5)
+        await _trickle(api, rest.KEEPALIVE_S + 5)
         assert len(opened & connections_to(port)) >= BURST // 2
     finally:
         await api.close()
@@ -119,7 +99,7 @@ async def test_a_renewed_pool_gives_a_burst_s_connections_back(
     need them, the pool is renewed, the burst's connections idle out on the retired pool, and
     the same steady traffic needs one or two new ones."""
     api, port = await _client(control_plane, monkeypatch, None)
-    renewal = rest.PoolRenewal([api], period=3600, grace=rest.REQUEST_TIMEOUT_S + KEEPALIVE_S)
+    renewal = rest.PoolRenewal([api], period=3600, grace=rest.REQUEST_TIMEOUT_S + rest.KEEPALIVE_S)
     try:
         before = connections_to(port)
         await _burst(api)
@@ -133,7 +113,7 @@ async def test_a_renewed_pool_gives_a_burst_s_connections_back(
         assert api.rest_client is not burst_pool
         # aiohttp closes idle connections on a timer of the keep-alive's length: one that
         # just missed a round goes at the next.
-        await _trickle(api, 2 * KEEPALIVE_S + 5)
+        await _trickle(api, 2 * rest.KEEPALIVE_S + 5)
         now = connections_to(port)
         assert not opened & now
         assert 1 <= len(now - before) <= 2
