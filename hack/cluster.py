@@ -711,10 +711,20 @@ def running_components(state: State) -> dict[str, int]:
 # Up
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on 127.0.0.1 now, and never one this process was given before: callers take
+    several (liveness, metrics, webhook) before anything binds them, and the kernel may hand a
+    port it just released out again, so two of them could get the same one."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def _check_port_free(port: int, what: str) -> None:
