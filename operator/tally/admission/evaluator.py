@@ -46,7 +46,10 @@ Deliberate differences from upstream's ``checkQuotas``, each closing a hole in i
 * A retry re-checks only the requests still pending (those waiting on a failed write).
   Upstream re-checks every waiter against the retried subset and resets a waiter that changes
   nothing there to *allowed*, so a request that an unrelated, successfully written quota had
-  refused could be admitted. Here a refusal is final.
+  refused could be admitted. Here a refusal is never turned into an admission within its pass.
+* A refusal judged against a charge the same pass then gave back (upstream refuses it: the
+  namespace's next request fits where this one did not) is judged again by the lane's next
+  pass, against the status without that charge.
 * A retry skips the LimitedResources checks: the requests passed them against the full quota
   list, and the subset of retried quotas would not cover names the other quotas cover.
 * A lost compare-and-swap is retried against the quota read from the API (upstream re-reads
@@ -90,7 +93,7 @@ from tally.admission.errors import (
     internal_error,
     unknown_error,
 )
-from tally.charges import Charge, ChargeLedger, ObjectRef
+from tally.charges import Charge, ChargeLedger, ObjectRef, QuotaKey
 from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
 from tally.quota import resources
@@ -133,6 +136,10 @@ CONFLICT_BACKOFF_S: Final = 0.005
 each further retry up to twice as long, capped at :data:`CONFLICT_BACKOFF_MAX_S`: replicas
 whose passes collided then write at different moments."""
 CONFLICT_BACKOFF_MAX_S: Final = 0.1
+REJUDGE_LIMIT: Final = 3
+"""How many times one request's refusal may be set aside because a charge it was judged
+against was given back (:meth:`QuotaEvaluator.check_quotas`); each needs a pass whose writes
+failed for good, so the limit is never reached in practice; it only bounds the loop."""
 OVERCHARGE_MEMORY_S: Final = 60.0
 """How long a charge written for a request that was then refused is remembered for the
 version of its quota that holds it: far longer than the recalculation that replaces that
@@ -255,10 +262,33 @@ class _Waiter:
     abandoned: bool = False
     """Set when the caller stopped waiting; the worker then drops the waiter unchecked, or
     stops re-checking it."""
+    rejudged: int = 0
+    """How many times a refusal of this request was set aside for a later pass
+    (:data:`REJUDGE_LIMIT`)."""
+    requeued: bool = False
+    """Put back into its lane by the pass now ending: that pass leaves it unresolved."""
 
     def resolve(self, verdict: AdmissionDenied | None) -> None:
         if not self.future.done():
             self.future.set_result(verdict)
+
+
+@dataclass
+class _Pass:
+    """What one pass (:meth:`QuotaEvaluator.check_quotas`) records for its end."""
+
+    charges: dict[int, Charge]
+    """Per waiter, its charge in the ledger: what it is reserving or has reserved in each
+    quota's status (a waiter refused later may have some)."""
+    written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]]
+    """Per waiter, what of its charge each ResourceQuota's stored status holds, and that
+    status's resourceVersion."""
+    writing: list[QuotaKey]
+    """The ledger's keys of every status write started (their recalculations wait)."""
+    refusals: dict[int, AdmissionDenied]
+    """Per waiter, the refusal the checks gave it, delivered when the pass ends."""
+    counted: set[int]
+    """Waiters whose charges joined the running totals (pending at some point)."""
 
 
 @dataclass
@@ -529,6 +559,8 @@ class QuotaEvaluator:
         """
         namespace = await self._queue.get()
         waiters = [w for w in self._work.pop(namespace, []) if not w.abandoned]
+        for waiter in waiters:
+            waiter.requeued = False
         self._dirty_work.pop(namespace, None)
         self._in_progress.add(namespace)
         return namespace, waiters
@@ -589,7 +621,8 @@ class QuotaEvaluator:
             fallback = unknown_error(f"resource quota evaluation failed: {error}")
         finally:
             for waiter in waiters:
-                waiter.resolve(fallback)
+                if not waiter.requeued:
+                    waiter.resolve(fallback)
 
     async def _read_quotas(
         self, namespaces: Sequence[str]
@@ -640,19 +673,68 @@ class QuotaEvaluator:
            name; a quota deleted meanwhile is skipped), and go back to 1 with the pending
            waiters only. Their other charges are already written, so checking them against the
            retried quotas alone is enough.
+
+        Refusals are delivered when the pass ends. One made against running totals that held
+        the charge of another request of the pass, which the pass then refused after all (its
+        writes failed for good, or a retry found a quota full), was judged against usage that
+        nothing makes up: when the pass gave back any charge, its quota refusals go back to the
+        lane instead (:meth:`_deliver_refusals`), judged again by the next pass against
+        statuses without that charge (:class:`_Overcharges`, then the recalculation).
+
+        The controllers' recalculations of the quotas the pass writes wait until the pass ends,
+        not only until each write lands: one running during a retry would count the charges it
+        still holds into a new status version, including those of requests the retry then
+        refuses, and the next pass would judge against that version, which the overcharge
+        memory does not know.
         """
-        charges: dict[int, Charge] = {}
-        written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]] = {}
+        state = _Pass(charges={}, written={}, writing=[], refusals={}, counted=set())
         try:
-            await self._check_quotas(
-                namespace, quotas, waiters, remaining_retries, charges, written, applies
-            )
+            await self._check_quotas(namespace, quotas, waiters, remaining_retries, applies, state)
         finally:
-            self._settle_charges(waiters, charges)
-            for index, amounts in written.items():
-                if _gave_back(waiters[index]):
-                    for identity, (version, amount) in amounts.items():
-                        self._overcharges.add(identity, version, amount)
+            try:
+                self._deliver_refusals(namespace, waiters, state.refusals, state.counted)
+                self._settle_charges(waiters, state.charges)
+                for index, amounts in state.written.items():
+                    if _gave_back(waiters[index]):
+                        for identity, (version, amount) in amounts.items():
+                            self._overcharges.add(identity, version, amount)
+            finally:
+                if self._charges is not None:
+                    self._charges.writes_ended(state.writing)
+
+    def _deliver_refusals(
+        self,
+        lane: str,
+        waiters: Sequence[_Waiter],
+        refusals: Mapping[int, AdmissionDenied],
+        counted: set[int],
+    ) -> None:
+        """Resolve the pass's refusals, or, where the pass gave back a charge (a request whose
+        charge joined the running totals ended refused or abandoned), put its quota refusals
+        (403) back into the lane: each may have been judged against that charge. A request
+        goes back at most :data:`REJUDGE_LIMIT` times, and never while stopping."""
+        gave_back = any(_gave_back(waiters[index]) for index in counted)
+        again = 0
+        for index, verdict in refusals.items():
+            waiter = waiters[index]
+            if (
+                gave_back
+                and verdict.code == FORBIDDEN
+                and waiter.rejudged < REJUDGE_LIMIT
+                and not waiter.abandoned
+                and not self._stopping
+            ):
+                waiter.rejudged += 1
+                waiter.requeued = True
+                self.add_work(waiter)
+                again += 1
+            else:
+                waiter.resolve(verdict)
+        if again:
+            logger.info(
+                "quota admission: %d refusal(s) in %s judged again: the pass gave back a charge "
+                "they were judged against", again, lane,
+            )  # fmt: skip
 
     async def _check_quotas(
         self,
@@ -660,14 +742,11 @@ class QuotaEvaluator:
         quotas: Sequence[Quota],
         waiters: Sequence[_Waiter],
         remaining_retries: int,
-        charges: dict[int, Charge],
-        written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]],
         applies: Callable[[Request, Quota], bool] | None,
+        state: _Pass,
     ) -> None:
-        """:meth:`check_quotas`' phases; ``charges`` collects, per waiter, its charge in the
-        ledger: what it is reserving or has reserved in each quota's status (a waiter refused
-        later may have some); ``written``, per waiter, what of it each ResourceQuota's stored
-        status holds, and that status's resourceVersion."""
+        """:meth:`check_quotas`' phases, recording in ``state`` (see :class:`_Pass`)."""
+        charges, written = state.charges, state.written
         requests = [waiter.request for waiter in waiters]
         limited: Sequence[LimitedResource] = self._config.limited_resources
         conflict_retries = self._conflict_retries
@@ -676,8 +755,12 @@ class QuotaEvaluator:
             # Phase 1.
             batch = check_batch(quotas, requests, limited, check=to_check, applies=applies)
             for index, verdict in batch.decisions.items():
-                waiters[index].resolve(verdict)
+                if verdict is None:
+                    waiters[index].resolve(None)
+                else:
+                    state.refusals[index] = verdict
             pending = batch.pending
+            state.counted.update(pending)
             # Phase 2. Quotas judged only (the cluster's own quota system charges them) are
             # never written: a request that changed nothing else is allowed now.
             writes = [i for i in batch.changed if not self._judged_only(batch.quotas[i])]
@@ -688,36 +771,28 @@ class QuotaEvaluator:
             # Phase 3. The ledger holds the charges from before the writes: a recalculation
             # running while they are in flight, or before this pass ends, must not erase them.
             self._hold_charges(batch, waiters, charges)
-            # Until each write has landed or failed, the controllers' recalculations of these
-            # quotas wait: they cannot tell whether the status they read holds these charges.
-            writing = (
-                self._charges.writes_started(_written_key(batch.quotas[i]) for i in writes)
-                if self._charges is not None
-                else []
-            )
-            try:
-                stored, failed, lost, last_error = await self._write(batch, writes, waiters)
+            # Until the pass ends, the controllers' recalculations of these quotas wait: they
+            # cannot tell whether the status they read holds these charges, nor which of them
+            # a retry will give back (check_quotas ends the writes).
+            if self._charges is not None:
+                state.writing.extend(
+                    self._charges.writes_started(_written_key(batch.quotas[i]) for i in writes)
+                )
+            stored, failed, lost, last_error = await self._write(batch, writes, waiters)
+            for index in pending:
+                for quota_index, amount in batch.charges[index].items():
+                    charged = batch.quotas[quota_index]
+                    version = stored.get(quota_identity(charged))
+                    if version is not None and charged.get("kind") != "ClusterQuota":
+                        written.setdefault(index, {})[quota_identity(charged)] = (version, amount)
+            if self._charges is not None:
                 for index in pending:
-                    for quota_index, amount in batch.charges[index].items():
+                    for quota_index in batch.charges[index]:
                         charged = batch.quotas[quota_index]
-                        version = stored.get(quota_identity(charged))
-                        if version is not None and charged.get("kind") != "ClusterQuota":
-                            written.setdefault(index, {})[quota_identity(charged)] = (
-                                version, amount,
-                            )  # fmt: skip
-                if self._charges is not None:
-                    for index in pending:
-                        for quota_index in batch.charges[index]:
-                            charged = batch.quotas[quota_index]
-                            if quota_identity(charged) in failed:
-                                self._charges.amend(
-                                    charges[index],
-                                    quota_key(_namespace(waiters[index]), charged),
-                                    None,
-                                )
-            finally:
-                if self._charges is not None:
-                    self._charges.writes_ended(writing)
+                        if quota_identity(charged) in failed:
+                            self._charges.amend(
+                                charges[index], quota_key(_namespace(waiters[index]), charged), None
+                            )
             if last_error is None:
                 for index in pending:
                     waiters[index].resolve(None)

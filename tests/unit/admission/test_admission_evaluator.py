@@ -1441,6 +1441,153 @@ async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_waits_for_
     assert 403 == denied.code
 
 
+def losing_first_writes_of(name: str, count: int) -> Callable[[Obj], None]:
+    """``before_write`` for a quota whose first ``count`` writes lose their compare-and-swap."""
+    losses = iter(range(count))
+
+    def lose(stored: Obj) -> None:
+        if stored["metadata"]["name"] == name and next(losses, None) is not None:
+            bump(stored)
+
+    return lose
+
+
+async def test_a_refusal_judged_against_a_charge_the_pass_gave_back_is_judged_again(
+    running: list[QuotaEvaluator],
+) -> None:
+    # tally differs from upstream here. One pass: p1 charges "a" (pods 1) and "b"; p2 is then
+    # refused by "a", full with p1's charge. "a" is written, "b" loses both its writes, so p1
+    # gets the 409 and its charge in "a" charges nothing: p2 was refused against usage no pod
+    # makes up, and upstream's refusal stands. Here p2 goes back to the namespace's next pass,
+    # which judges it against "a" without p1's charge: allowed, "a" and "b" at pods 1 for p2.
+    accessor = FakeAccessor(
+        [
+            resource_quota("a", {"pods": "1"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    accessor.before_write = losing_first_writes_of("b", 2)
+    accessor.gate = asyncio.Event()
+    metrics = CountingAdmissionMetrics()
+    ledger = RecordingLedger()
+    running.append(
+        evaluator := handler(accessor, conflict_retries=1, metrics=metrics, charges=ledger)
+    )
+    first = asyncio.create_task(validate(evaluator, create(uid_pod("p1", "u-1"))))
+    second = asyncio.create_task(validate(evaluator, create(uid_pod("p2", "u-2"))))
+    await asyncio.sleep(0.01)
+    accessor.gate.set()
+    refused = await first
+    assert refused is not None
+    assert 409 == refused.code
+    assert await second is None
+    assert {"pods": "1"} == accessor.used("a")
+    assert {"pods": "1"} == accessor.used("b")
+    assert [2, 1] == metrics.batch_sizes
+    # Only p2's charge waits for its object.
+    assert {"pods": parse_quantity("1")} == ledger.held(("test", "a"))
+
+
+async def test_a_refusal_judged_again_still_refuses_when_the_quota_is_full(
+    running: list[QuotaEvaluator],
+) -> None:
+    # p2 is refused by "burstable" (full before the pass) in a pass that gave back p1's charge:
+    # it is judged again, alone, and refused again in upstream's words.
+    accessor = FakeAccessor(
+        [
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+            resource_quota("burstable", {"pods": "1"}, {"pods": "1"}, scopes=["NotBestEffort"]),
+        ]
+    )
+    accessor.before_write = losing_first_writes_of("b", 2)
+    accessor.gate = asyncio.Event()
+    metrics = CountingAdmissionMetrics()
+    running.append(evaluator := handler(accessor, conflict_retries=1, metrics=metrics))
+    first = asyncio.create_task(validate(evaluator, create(uid_pod("p1", "u-1"))))
+    second = asyncio.create_task(validate(evaluator, create(uid_pod("p2", "u-2", {"cpu": "1"}))))
+    await asyncio.sleep(0.01)
+    accessor.gate.set()
+    assert 409 == getattr(await first, "code", None)
+    refused = await second
+    assert refused is not None
+    assert (
+        403,
+        "exceeded quota: burstable, requested: pods=1, used: pods=1, limited: pods=1",
+    ) == (refused.code, refused.message)
+    assert [2, 1] == metrics.batch_sizes
+    assert {"pods": "0"} == accessor.used("b")  # p1's charge never landed there
+
+
+async def test_a_refusal_is_judged_again_at_most_three_times(
+    running: list[QuotaEvaluator],
+) -> None:
+    # Every write of "b" loses, and each pass brings a new pod charging it (q0, q1, …: each
+    # write starts the next one's request, which joins the next pass) and so gives a charge
+    # back. p, refused by the full "burstable" quota, goes back three times and is refused in
+    # the fourth pass even though that pass gave a charge back too.
+    accessor = FakeAccessor(
+        [
+            resource_quota("b", {"pods": "50"}, {"pods": "0"}),
+            resource_quota("burstable", {"pods": "1"}, {"pods": "1"}, scopes=["NotBestEffort"]),
+        ]
+    )
+    accessor.gate = asyncio.Event()
+    metrics = CountingAdmissionMetrics()
+    running.append(evaluator := handler(accessor, conflict_retries=0, metrics=metrics))
+    followers: list[asyncio.Task[AdmissionDenied | None]] = []
+
+    def lose_and_send_the_next(stored: Obj) -> None:
+        bump(stored)
+        if len(followers) < 4:
+            name = f"q{len(followers) + 1}"
+            followers.append(asyncio.ensure_future(validate(evaluator, create(pod(name)))))
+
+    accessor.before_write = lose_and_send_the_next
+    leader = asyncio.create_task(validate(evaluator, create(pod("q0"))))
+    refused = asyncio.create_task(validate(evaluator, create(pod("p", {"cpu": "1"}))))
+    await asyncio.sleep(0.01)
+    accessor.gate.set()
+    assert 409 == getattr(await leader, "code", None)
+    denied = await refused
+    assert denied is not None
+    assert 403 == denied.code
+    assert [409] * 4 == [getattr(d, "code", None) for d in await asyncio.gather(*followers)]
+    # Pass 1: q0 and p; passes 2-4: p judged again beside q1-q3; pass 5: q4 alone.
+    assert [2, 2, 2, 2, 1] == metrics.batch_sizes
+
+
+async def test_a_recalculation_waits_until_the_pass_ends_not_only_its_write(
+    running: list[QuotaEvaluator],
+) -> None:
+    # "a" is written, "b" loses once and is retried. A recalculation of "a" asked for during
+    # the retry would count p's charge, still held, into a new status version; were the retry
+    # to refuse p, that version would charge it with nothing to say so. So it waits for the
+    # pass's end, like one asked for while the write is in flight.
+    accessor = FakeAccessor(
+        [
+            resource_quota("a", {"pods": "5"}, {"pods": "0"}),
+            resource_quota("b", {"pods": "5"}, {"pods": "0"}),
+        ]
+    )
+    ledger = RecordingLedger()
+    deferred_during_retry: list[bool] = []
+    losses = iter([True])
+
+    def lose_once_then_ask(stored: Obj) -> None:
+        if stored["metadata"]["name"] != "b":
+            return
+        if next(losses, False):
+            bump(stored)
+        else:
+            deferred_during_retry.append(ledger.defer_sync(("test", "a")))
+
+    accessor.before_write = lose_once_then_ask
+    running.append(evaluator := handler(accessor, charges=ledger))
+    assert await validate(evaluator, create(uid_pod("p", "u-1"))) is None
+    assert [True] == deferred_during_retry
+    assert [("test", "a")] == ledger.recalculated  # run once the pass ended
+
+
 def test_charges_written_for_refused_requests_are_forgotten_after_a_minute() -> None:
     now = [100.0]
     overcharges = _Overcharges(clock=lambda: now[0])
