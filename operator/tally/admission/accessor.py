@@ -48,14 +48,20 @@ class QuotaAccessor(Protocol):
         ...
 
     async def update_quota_status(
-        self, quota: Quota, *, charged_by_namespace: Mapping[str, ResourceList] | None = None
+        self,
+        quota: Quota,
+        *,
+        charged_by_namespace: Mapping[str, ResourceList] | None = None,
+        given_back_by_namespace: Mapping[str, ResourceList] | None = None,
     ) -> Quota:
         """Write ``quota``'s ``status`` through the status subresource, carrying its
         ``metadata.resourceVersion``; return the stored object.
 
         ``charged_by_namespace`` comes with a ClusterQuota's view: how much of the growth of
         its ``status.used`` each namespace's requests charged (its status keeps each
-        namespace's share).
+        namespace's share). ``given_back_by_namespace``: what of each namespace's share the
+        view's ``status.used`` was judged without (charges written for requests refused
+        afterwards).
 
         Raises :class:`Conflict` on 409 (the quota changed since it was read). Any other
         exception is a failed write too; an ``AdmissionDenied`` raised here is passed to the

@@ -25,7 +25,7 @@ event loop:
   that no recalculation erases it; when the pass ends, an allowed request's charge waits there
   for its object, and a request refused after part of its charge was written (or whose caller
   stopped waiting) gives that part back at once.
-* A ResourceQuota whose status holds such a charge is judged without it by this process's next
+* A quota whose status holds such a charge is judged without it by this process's next
   passes (:class:`_Overcharges`) for as long as its status is the version that write stored:
   the recalculation that gives the charge back takes a moment, and the next request of the
   namespace would otherwise be refused against usage that no object makes up.
@@ -281,8 +281,8 @@ class _Pass:
     """Per waiter, its charge in the ledger: what it is reserving or has reserved in each
     quota's status (a waiter refused later may have some)."""
     written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]]
-    """Per waiter, what of its charge each ResourceQuota's stored status holds, and that
-    status's resourceVersion."""
+    """Per waiter, what of its charge each quota's stored status holds, and that status's
+    resourceVersion."""
     writing: list[QuotaKey]
     """The ledger's keys of every status write started (their recalculations wait)."""
     refusals: dict[int, AdmissionDenied]
@@ -297,10 +297,13 @@ class _Overcharge:
     """The quota's ``metadata.resourceVersion`` whose ``status.used`` holds ``amounts``."""
     amounts: dict[str, Quantity]
     since: float
+    by_namespace: dict[str, dict[str, Quantity]] = field(default_factory=dict)
+    """``amounts`` by the namespace of the requests they were charged for: a ClusterQuota's
+    status keeps each namespace's share."""
 
 
 class _Overcharges:
-    """Charges this process wrote into ResourceQuotas' statuses for requests it then refused.
+    """Charges this process wrote into quotas' statuses for requests it then refused.
 
     A pass writes every changed quota at once; when one write is lost and the retry refuses a
     request, that request's charge is already in the other quotas' statuses until the
@@ -310,8 +313,9 @@ class _Overcharges:
     anyone changed the quota meanwhile it fails its compare-and-swap and is judged again
     against the newer status, which this never touches.
 
-    ClusterQuotas are left out: their status also keeps each namespace's share, which a lower
-    total alone would leave inconsistent; their recalculation gives the charge back.
+    A ClusterQuota's view is judged the same way; its status also keeps each namespace's
+    share, which a lower total alone would contradict, so the write that follows lowers the
+    shares by the same charges (:meth:`given_back`).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -322,18 +326,33 @@ class _Overcharges:
         return len(self._by_quota)
 
     def add(
-        self, identity: tuple[str, str, str], version: str, amounts: Mapping[str, Quantity]
+        self,
+        identity: tuple[str, str, str],
+        version: str,
+        amounts: Mapping[str, Quantity],
+        namespace: str = "",
     ) -> None:
-        """``amounts`` in the status ``version`` of quota ``identity`` charged nothing real."""
+        """``amounts`` in the status ``version`` of quota ``identity``, charged for a request
+        of ``namespace``, charged nothing real."""
         if not version:
             return
         now = self._clock()
         self._forget_before(now - OVERCHARGE_MEMORY_S)
         known = self._by_quota.get(identity)
-        if known is not None and known.version == version:
-            known.amounts = resources.add(known.amounts, amounts)
-        else:
-            self._by_quota[identity] = _Overcharge(version, dict(amounts), now)
+        if known is None or known.version != version:
+            known = self._by_quota[identity] = _Overcharge(version, {}, now)
+        known.amounts = resources.add(known.amounts, amounts)
+        known.by_namespace[namespace] = resources.add(
+            known.by_namespace.get(namespace, {}), amounts
+        )
+
+    def given_back(self, quota: Quota) -> dict[str, dict[str, Quantity]]:
+        """By namespace, what :meth:`without` took out of ``quota``'s status (nothing unless
+        ``quota`` is the version that holds it)."""
+        known = self._by_quota.get(quota_identity(quota))
+        if known is None or resource_version(quota) != known.version:
+            return {}
+        return {namespace: dict(amounts) for namespace, amounts in known.by_namespace.items()}
 
     def without(self, quotas: list[Quota]) -> list[Quota]:
         """``quotas``, each whose status is a version holding overcharges without them."""
@@ -343,8 +362,6 @@ class _Overcharges:
         return [self._less(quota) for quota in quotas]
 
     def _less(self, quota: Quota) -> Quota:
-        if quota.get("kind") == "ClusterQuota":
-            return quota
         known = self._by_quota.get(quota_identity(quota))
         if known is None or resource_version(quota) != known.version:
             return quota
@@ -697,7 +714,9 @@ class QuotaEvaluator:
                 for index, amounts in state.written.items():
                     if _gave_back(waiters[index]):
                         for identity, (version, amount) in amounts.items():
-                            self._overcharges.add(identity, version, amount)
+                            self._overcharges.add(
+                                identity, version, amount, _namespace(waiters[index])
+                            )
             finally:
                 if self._charges is not None:
                     self._charges.writes_ended(state.writing)
@@ -783,7 +802,7 @@ class QuotaEvaluator:
                 for quota_index, amount in batch.charges[index].items():
                     charged = batch.quotas[quota_index]
                     version = stored.get(quota_identity(charged))
-                    if version is not None and charged.get("kind") != "ClusterQuota":
+                    if version is not None:
                         written.setdefault(index, {})[quota_identity(charged)] = (version, amount)
             if self._charges is not None:
                 for index in pending:
@@ -874,7 +893,11 @@ class QuotaEvaluator:
             if amount:
                 namespace = _namespace(waiters[request_index])
                 shares[namespace] = resources.add(shares.get(namespace, {}), amount)
-        return await self._accessor.update_quota_status(quota, charged_by_namespace=shares)
+        return await self._accessor.update_quota_status(
+            quota,
+            charged_by_namespace=shares,
+            given_back_by_namespace=self._overcharges.given_back(quota),
+        )
 
     def _judged_only(self, quota: Quota) -> bool:
         return not self.charges_resource_quotas and quota.get("kind") != "ClusterQuota"

@@ -60,11 +60,15 @@ class ClusterQuotaBinding:
         await self._writer.refresh(str((view.get("metadata") or {}).get("name") or ""))
 
     async def write(
-        self, view: Obj, charged_by_namespace: Mapping[str, ResourceList]
+        self,
+        view: Obj,
+        charged_by_namespace: Mapping[str, ResourceList],
+        given_back_by_namespace: Mapping[str, ResourceList] | None = None,
     ) -> dict[str, Any]:
         """Write the charge ``view`` carries (its ``status.used`` is the new total; each
-        namespace's share grows by ``charged_by_namespace``); returns the view of the stored
-        ClusterQuota."""
+        namespace's share grows by ``charged_by_namespace`` and lowers by
+        ``given_back_by_namespace``, :func:`~tally.clusterquota.quota.charged_status`); returns
+        the view of the stored ClusterQuota."""
         metadata = view.get("metadata") or {}
         name, namespace = str(metadata.get("name") or ""), str(metadata.get("namespace") or "")
         cached = self._cluster_quotas.get("", name)
@@ -79,6 +83,8 @@ class ClusterQuotaBinding:
             total = parse_resource_list((view.get("status") or {}).get("used"), "status.used")
         except ResourceListError as error:
             raise ValueError(f"cluster quota {name}: {error}") from None
-        status = cluster.charged_status(current, charged_by_namespace, total)
+        status = cluster.charged_status(
+            current, charged_by_namespace, total, given_back_by_namespace
+        )
         stored = await self._writer.put_status({**current, "status": status})
         return cluster.as_resource_quota(stored, namespace)

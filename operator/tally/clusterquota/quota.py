@@ -252,14 +252,26 @@ def _usage_condition(cq: Obj, status: str, reason: str, message: str, now: str) 
 
 
 def charged_status(
-    cq: Obj, charged_by_namespace: Mapping[str, ResourceList], total_used: ResourceList
+    cq: Obj,
+    charged_by_namespace: Mapping[str, ResourceList],
+    total_used: ResourceList,
+    given_back_by_namespace: Mapping[str, ResourceList] | None = None,
 ) -> dict[str, Any]:
     """``cq``'s status after admission charged it: ``total.used`` becomes ``total_used``
     (what admission computed on the view: the total read plus every charge of the pass), and
     each namespace's entry grows by what its requests were charged, so the total stays the sum
-    of the namespaces."""
+    of the namespaces. ``given_back_by_namespace``: charges ``cq``'s status holds for requests
+    admission refused after writing them, which ``total_used`` no longer holds (the view was
+    judged without them); each namespace's entry lowers by them. A namespace left using
+    nothing is not listed, as in :func:`build_status`."""
     status = dict(cq.get("status") or {})
     by_namespace = namespace_used(cq)
+    for namespace, given in (given_back_by_namespace or {}).items():
+        share = by_namespace.get(namespace)
+        if share is not None:
+            by_namespace[namespace] = resources.subtract_non_negative(
+                share, resources.mask(given, share)
+            )
     for namespace, charged in charged_by_namespace.items():
         by_namespace[namespace] = resources.add(by_namespace.get(namespace, {}), charged)
     total = dict(status.get("total") or {})
@@ -268,6 +280,7 @@ def charged_status(
     status["namespaces"] = [
         {"namespace": name, "status": {"used": resources.to_strings(used)}}
         for name, used in sorted(by_namespace.items())
+        if not resources.is_zero(used)
     ]
     # namespaceCount stays: it counts selected namespaces, listed or not (build_status).
     hard_list = status_total(cq, "hard") or {}

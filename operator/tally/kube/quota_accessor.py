@@ -60,7 +60,10 @@ class ClusterQuotaViews(Protocol):
     def views(self, namespace: str) -> list[dict[str, Any]]: ...
 
     async def write(
-        self, view: Obj, charged_by_namespace: Mapping[str, Mapping[str, Quantity]]
+        self,
+        view: Obj,
+        charged_by_namespace: Mapping[str, Mapping[str, Quantity]],
+        given_back_by_namespace: Mapping[str, Mapping[str, Quantity]] | None = None,
     ) -> dict[str, Any]: ...
 
     async def refresh(self, view: Obj) -> None: ...
@@ -153,11 +156,14 @@ class KubeQuotaAccessor:
         quota: Obj,
         *,
         charged_by_namespace: Mapping[str, Mapping[str, Quantity]] | None = None,
+        given_back_by_namespace: Mapping[str, Mapping[str, Quantity]] | None = None,
     ) -> Obj:
         """Admission's write (``QuotaAccessor``): the CAS status update, of the ResourceQuota
         or of the ClusterQuota a view stands for."""
         if quota.get("kind") == CLUSTER_QUOTA_KIND and self.cluster_quotas is not None:
-            return await self.cluster_quotas.write(quota, charged_by_namespace or {})
+            return await self.cluster_quotas.write(
+                quota, charged_by_namespace or {}, given_back_by_namespace
+            )
         return await self._put_status(quota, self._api)
 
     async def refresh(self, quota: Obj) -> None:

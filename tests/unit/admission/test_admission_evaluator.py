@@ -1420,12 +1420,28 @@ async def test_a_charge_for_a_refused_request_is_judged_again_once_its_quota_cha
     )
 
 
-async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_waits_for_its_recalculation(
+class RecordingAccessor(FakeAccessor):
+    """Also keeps what each status write was told of namespaces' shares given back."""
+
+    def __init__(self, quotas: Iterable[Obj] = ()) -> None:
+        super().__init__(quotas)
+        self.given_back: list[tuple[str, dict[str, Any]]] = []
+
+    async def update_quota_status(self, quota: Any, **kwargs: Any) -> Obj:
+        given = kwargs.get("given_back_by_namespace") or {}
+        self.given_back.append((quota["metadata"]["name"], dict(given)))
+        return await super().update_quota_status(quota, **kwargs)
+
+
+async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_is_judged_without_it(
     running: list[QuotaEvaluator],
 ) -> None:
-    # A ClusterQuota's status also keeps each namespace's share; a lower total alone would
-    # contradict it, so its charge is given back by its recalculation only.
-    accessor = FakeAccessor(
+    # "cq" (pods 1) is written for p1, "b" loses every compare-and-swap: p1 gets the 409 and
+    # "cq" says pods=1 with no pod behind it. p2 is judged against "cq" without that charge:
+    # allowed, and the write over that very version tells the ClusterQuota that the namespace's
+    # share gives the pod back (its status keeps the shares; the total alone would contradict
+    # them). "cq" ends at pods=1, for p2.
+    accessor = RecordingAccessor(
         [
             cluster_quota_view("cq", {"pods": "1"}, {"pods": "0"}),
             resource_quota("b", {"pods": "5"}, {"pods": "0"}),
@@ -1433,12 +1449,16 @@ async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_waits_for_
     )
     accessor.before_write = losing_writes_of("b")
     running.append(evaluator := handler(accessor, conflict_retries=1, charges=RecordingLedger()))
-    assert await validate(evaluator, create(uid_pod("p1", "u-1"))) is not None
+    assert 409 == getattr(await validate(evaluator, create(uid_pod("p1", "u-1"))), "code", None)
     assert {"pods": "1"} == accessor.used("cq")
     accessor.before_write = None
-    denied = await validate(evaluator, create(uid_pod("p2", "u-2")))
-    assert denied is not None
-    assert 403 == denied.code
+    accessor.given_back.clear()
+    assert await validate(evaluator, create(uid_pod("p2", "u-2"))) is None
+    assert {"pods": "1"} == accessor.used("cq")
+    assert {"pods": "1"} == accessor.used("b")
+    assert [("b", {}), ("cq", {"test": {"pods": parse_quantity("1")}})] == sorted(
+        accessor.given_back
+    )
 
 
 def losing_first_writes_of(name: str, count: int) -> Callable[[Obj], None]:

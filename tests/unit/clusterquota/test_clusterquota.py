@@ -105,6 +105,29 @@ def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
     assert ("pods 6/10", 3) == (status["mostUsed"], status["namespaceCount"])
 
 
+def test_a_charge_given_back_lowers_its_namespaces_share() -> None:
+    # Admission judged the view without a pod of "b" charged for a request it then refused
+    # (total 3 read as 2) and charges one pod of "a": the total it writes is 3, "a" grows to 3,
+    # "b" drops from 1 to nothing and leaves the list, so the total is the sum again.
+    cq = _cq(
+        {"pods": "10"},
+        {
+            "total": {"hard": {"pods": "10"}, "used": {"pods": "3"}},
+            "namespaces": [
+                {"namespace": "a", "status": {"used": {"pods": "2"}}},
+                {"namespace": "b", "status": {"used": {"pods": "1"}}},
+            ],
+            "namespaceCount": 2,
+        },
+    )
+    status = cluster.charged_status(
+        cq, {"a": {"pods": q("1")}}, {"pods": q("3")}, {"b": {"pods": q("1")}}
+    )
+    assert {"pods": "3"} == status["total"]["used"]
+    assert [{"namespace": "a", "status": {"used": {"pods": "3"}}}] == status["namespaces"]
+    assert ("pods 3/10", 2) == (status["mostUsed"], status["namespaceCount"])
+
+
 def test_the_view_is_the_spec_and_the_total() -> None:
     cq = _cq(
         {"pods": "10"},
