@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -1364,9 +1365,16 @@ async def test_a_request_refused_after_its_charge_was_written_is_released_at_onc
     assert [("test", "a")] == ledger.recalculated
 
 
-def losing_writes_of(name: str) -> Callable[[Obj], None]:
-    """``before_write`` for a quota whose every write loses its compare-and-swap."""
-    return lambda stored: bump(stored) if stored["metadata"]["name"] == name else None
+def losing_writes_of(name: str, count: int | None = None) -> Callable[[Obj], None]:
+    """``before_write`` for a quota whose every write (the first ``count``) loses its
+    compare-and-swap."""
+    losses = itertools.count() if count is None else iter(range(count))
+
+    def lose(stored: Obj) -> None:
+        if stored["metadata"]["name"] == name and next(losses, None) is not None:
+            bump(stored)
+
+    return lose
 
 
 async def refused_after_writing_a(
@@ -1461,17 +1469,6 @@ async def test_a_cluster_quota_holding_a_charge_for_a_refused_request_is_judged_
     )
 
 
-def losing_first_writes_of(name: str, count: int) -> Callable[[Obj], None]:
-    """``before_write`` for a quota whose first ``count`` writes lose their compare-and-swap."""
-    losses = iter(range(count))
-
-    def lose(stored: Obj) -> None:
-        if stored["metadata"]["name"] == name and next(losses, None) is not None:
-            bump(stored)
-
-    return lose
-
-
 async def test_a_refusal_judged_against_a_charge_the_pass_gave_back_is_judged_again(
     running: list[QuotaEvaluator],
 ) -> None:
@@ -1486,7 +1483,7 @@ async def test_a_refusal_judged_against_a_charge_the_pass_gave_back_is_judged_ag
             resource_quota("b", {"pods": "5"}, {"pods": "0"}),
         ]
     )
-    accessor.before_write = losing_first_writes_of("b", 2)
+    accessor.before_write = losing_writes_of("b", 2)
     accessor.gate = asyncio.Event()
     metrics = CountingAdmissionMetrics()
     ledger = RecordingLedger()
@@ -1519,7 +1516,7 @@ async def test_a_refusal_judged_again_still_refuses_when_the_quota_is_full(
             resource_quota("burstable", {"pods": "1"}, {"pods": "1"}, scopes=["NotBestEffort"]),
         ]
     )
-    accessor.before_write = losing_first_writes_of("b", 2)
+    accessor.before_write = losing_writes_of("b", 2)
     accessor.gate = asyncio.Event()
     metrics = CountingAdmissionMetrics()
     running.append(evaluator := handler(accessor, conflict_retries=1, metrics=metrics))

@@ -83,8 +83,9 @@ def test_most_used(hard: dict[str, str], used: dict[str, str], expected: str) ->
     )
 
 
-def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
-    cq = _cq(
+def _three_pods_in_a_and_b(namespace_count: int) -> dict[str, Any]:
+    """``pods: 10`` with 3 used: 2 in namespace "a", 1 in "b"."""
+    return _cq(
         {"pods": "10"},
         {
             "total": {"hard": {"pods": "10"}, "used": {"pods": "3"}},
@@ -92,9 +93,13 @@ def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
                 {"namespace": "a", "status": {"used": {"pods": "2"}}},
                 {"namespace": "b", "status": {"used": {"pods": "1"}}},
             ],
-            "namespaceCount": 3,  # c is selected too, and uses nothing yet: not listed
+            "namespaceCount": namespace_count,
         },
     )
+
+
+def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
+    cq = _three_pods_in_a_and_b(namespace_count=3)  # c is selected too, and uses nothing yet
     status = cluster.charged_status(
         cq, {"b": {"pods": q("2")}, "c": {"pods": q("1")}}, {"pods": q("6")}
     )
@@ -109,17 +114,7 @@ def test_a_charge_given_back_lowers_its_namespaces_share() -> None:
     # Admission judged the view without a pod of "b" charged for a request it then refused
     # (total 3 read as 2) and charges one pod of "a": the total it writes is 3, "a" grows to 3,
     # "b" drops from 1 to nothing and leaves the list, so the total is the sum again.
-    cq = _cq(
-        {"pods": "10"},
-        {
-            "total": {"hard": {"pods": "10"}, "used": {"pods": "3"}},
-            "namespaces": [
-                {"namespace": "a", "status": {"used": {"pods": "2"}}},
-                {"namespace": "b", "status": {"used": {"pods": "1"}}},
-            ],
-            "namespaceCount": 2,
-        },
-    )
+    cq = _three_pods_in_a_and_b(namespace_count=2)
     status = cluster.charged_status(
         cq, {"a": {"pods": q("1")}}, {"pods": q("3")}, {"b": {"pods": q("1")}}
     )
