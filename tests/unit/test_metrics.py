@@ -69,12 +69,14 @@ def test_admission_metrics() -> None:
     metrics.batch_checked(3)
     metrics.write_conflicted()
     metrics.retried()
+    metrics.rejudged(2)
     labels = {"resource": "pods", "result": "forbidden"}
     assert sample(metrics, "tally_admission_requests_total", **labels) == 1.0
     assert sample(metrics, "tally_admission_duration_seconds_count", resource="pods") == 2.0
     assert sample(metrics, "tally_admission_batch_size_sum") == 3.0
     assert sample(metrics, "tally_admission_write_conflicts_total") == 1.0
     assert sample(metrics, "tally_admission_retries_total") == 1.0
+    assert sample(metrics, "tally_admission_rejudged_refusals_total") == 2.0
 
 
 def test_leader_gauge_follows_leadership() -> None:

@@ -194,6 +194,11 @@ class AdmissionMetrics(Protocol):
         """A pass re-read its quotas to retry failed writes."""
         ...
 
+    def rejudged(self, count: int) -> None:
+        """A pass put ``count`` refusals back into their lane: it gave back a charge they
+        were judged against."""
+        ...
+
 
 class NoopAdmissionMetrics:
     """Records nothing (the default)."""
@@ -210,6 +215,9 @@ class NoopAdmissionMetrics:
     def retried(self) -> None:
         pass
 
+    def rejudged(self, count: int) -> None:
+        pass
+
 
 @dataclass
 class CountingAdmissionMetrics:
@@ -219,6 +227,7 @@ class CountingAdmissionMetrics:
     batch_sizes: list[int] = field(default_factory=list)
     conflicts: int = 0
     retries: int = 0
+    rejudged_refusals: int = 0
 
     def request_finished(self, resource: str, result: str, seconds: float) -> None:
         key = (resource, result)
@@ -232,6 +241,9 @@ class CountingAdmissionMetrics:
 
     def retried(self) -> None:
         self.retries += 1
+
+    def rejudged(self, count: int) -> None:
+        self.rejudged_refusals += count
 
 
 _: type[AdmissionMetrics] = NoopAdmissionMetrics
@@ -750,6 +762,7 @@ class QuotaEvaluator:
             else:
                 waiter.resolve(verdict)
         if again:
+            self._metrics.rejudged(again)
             logger.info(
                 "quota admission: %d refusal(s) in %s judged again: the pass gave back a charge "
                 "they were judged against", again, lane,

@@ -102,6 +102,12 @@ class Metrics:
             "Passes that re-read quotas to retry failed reservations.",
             registry=self.registry,
         )
+        self.admission_rejudged = Counter(
+            "tally_admission_rejudged_refusals",
+            "Refusals judged again by the next pass: their pass gave back a charge they were "
+            "judged against.",
+            registry=self.registry,
+        )
         self.charges_confirmed = Counter(
             "tally_admission_charges_confirmed",
             "Charges admission wrote whose objects then appeared in tally's caches.",
@@ -280,6 +286,9 @@ class Metrics:
 
     def retried(self) -> None:
         self.admission_retries.inc()
+
+    def rejudged(self, count: int) -> None:
+        self.admission_rejudged.inc(count)
 
     # -- tally.charges.ChargeMetrics
 

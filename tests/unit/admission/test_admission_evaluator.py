@@ -1500,7 +1500,7 @@ async def test_a_refusal_judged_against_a_charge_the_pass_gave_back_is_judged_ag
     assert await second is None
     assert {"pods": "1"} == accessor.used("a")
     assert {"pods": "1"} == accessor.used("b")
-    assert [2, 1] == metrics.batch_sizes
+    assert ([2, 1], 1) == (metrics.batch_sizes, metrics.rejudged_refusals)
     # Only p2's charge waits for its object.
     assert {"pods": parse_quantity("1")} == ledger.held(("test", "a"))
 
@@ -1570,7 +1570,7 @@ async def test_a_refusal_is_judged_again_at_most_three_times(
     assert 403 == denied.code
     assert [409] * 4 == [getattr(d, "code", None) for d in await asyncio.gather(*followers)]
     # Pass 1: q0 and p; passes 2-4: p judged again beside q1-q3; pass 5: q4 alone.
-    assert [2, 2, 2, 2, 1] == metrics.batch_sizes
+    assert ([2, 2, 2, 2, 1], 3) == (metrics.batch_sizes, metrics.rejudged_refusals)
 
 
 async def test_a_recalculation_waits_until_the_pass_ends_not_only_its_write(
