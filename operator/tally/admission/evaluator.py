@@ -289,17 +289,19 @@ class _Waiter:
 class _Pass:
     """What one pass (:meth:`QuotaEvaluator.check_quotas`) records for its end."""
 
-    charges: dict[int, Charge]
+    charges: dict[int, Charge] = field(default_factory=dict)
     """Per waiter, its charge in the ledger: what it is reserving or has reserved in each
     quota's status (a waiter refused later may have some)."""
-    written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]]
+    written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]] = field(
+        default_factory=dict
+    )
     """Per waiter, what of its charge each quota's stored status holds, and that status's
     resourceVersion."""
-    writing: list[QuotaKey]
+    writing: list[QuotaKey] = field(default_factory=list)
     """The ledger's keys of every status write started (their recalculations wait)."""
-    refusals: dict[int, AdmissionDenied]
+    refusals: dict[int, AdmissionDenied] = field(default_factory=dict)
     """Per waiter, the refusal the checks gave it, delivered when the pass ends."""
-    counted: set[int]
+    counted: set[int] = field(default_factory=set)
     """Waiters whose charges joined the running totals (pending at some point)."""
 
 
@@ -716,12 +718,12 @@ class QuotaEvaluator:
         refuses, and the next pass would judge against that version, which the overcharge
         memory does not know.
         """
-        state = _Pass(charges={}, written={}, writing=[], refusals={}, counted=set())
+        state = _Pass()
         try:
             await self._check_quotas(namespace, quotas, waiters, remaining_retries, applies, state)
         finally:
             try:
-                self._deliver_refusals(namespace, waiters, state.refusals, state.counted)
+                self._deliver_refusals(namespace, waiters, state)
                 self._settle_charges(waiters, state.charges)
                 for index, amounts in state.written.items():
                     if _gave_back(waiters[index]):
@@ -733,20 +735,14 @@ class QuotaEvaluator:
                 if self._charges is not None:
                     self._charges.writes_ended(state.writing)
 
-    def _deliver_refusals(
-        self,
-        lane: str,
-        waiters: Sequence[_Waiter],
-        refusals: Mapping[int, AdmissionDenied],
-        counted: set[int],
-    ) -> None:
+    def _deliver_refusals(self, lane: str, waiters: Sequence[_Waiter], state: _Pass) -> None:
         """Resolve the pass's refusals, or, where the pass gave back a charge (a request whose
         charge joined the running totals ended refused or abandoned), put its quota refusals
         (403) back into the lane: each may have been judged against that charge. A request
         goes back at most :data:`REJUDGE_LIMIT` times, and never while stopping."""
-        gave_back = any(_gave_back(waiters[index]) for index in counted)
+        gave_back = any(_gave_back(waiters[index]) for index in state.counted)
         again = 0
-        for index, verdict in refusals.items():
+        for index, verdict in state.refusals.items():
             waiter = waiters[index]
             if (
                 gave_back
