@@ -23,6 +23,7 @@ This module re-exports the names other layers use.
 
 from tally.measures.measure import (
     MAX_COST,
+    MAX_DEPTH,
     MAX_EXPRESSION_LENGTH,
     Measure,
     MeasureCostError,
@@ -35,6 +36,7 @@ from tally.measures.measure import (
 
 __all__ = [
     "MAX_COST",
+    "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "Measure",
     "MeasureCostError",

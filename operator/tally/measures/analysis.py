@@ -37,6 +37,7 @@ __all__ = [
     "ShapeError",
     "Step",
     "analyse",
+    "deeper_than",
     "largest_collection",
     "merge",
     "project",
@@ -274,3 +275,18 @@ def largest_collection(value: Any) -> int:
             if kind is dict or kind is list:
                 stack.append(child)
     return largest
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels deep (a scalar is 0,
+    ``{"a": 1}`` is 1). Iterative, and stops at the first path past ``limit``."""
+    stack = [(value, 1)] if type(value) is dict or type(value) is list else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+    return False

@@ -39,6 +39,13 @@ cancel out what other objects use. Magnitudes of ``10**64`` or more are refused,
 3. cel-cpp stops any evaluation at its 10 000th comprehension iteration, counted over all its
    comprehensions (:data:`~tally.measures.environment.ITERATION_LIMIT`), whatever the estimate
    said; and its parser refuses expressions nested more than 32 levels deep.
+4. The parts of an object an expression reads may nest at most :data:`MAX_DEPTH` levels of
+   maps and lists. cel-cpp converts a value recursively, on the thread's own stack (about
+   1.3 KiB a level, measured): the API server stores custom resources nested up to 10 000
+   levels, and converting one that deep overflows an 8 MiB stack and kills the process, where
+   every other error only fails one evaluation. The limit applies to what the expression
+   reads (:func:`~tally.measures.analysis.project`), so a deep field elsewhere in an object
+   costs nothing.
 
 What is *not* bounded exactly: the constant per step (a step may copy a list or scan a
 string, and strings are not counted in ``n``), and lists an expression builds by concatenation,
@@ -64,6 +71,7 @@ from tally.quota.quantity import Quantity, QuantityError, QuantityRangeError, pa
 
 __all__ = [
     "MAX_COST",
+    "MAX_DEPTH",
     "MAX_EXPRESSION_LENGTH",
     "Measure",
     "MeasureCostError",
@@ -81,6 +89,11 @@ MAX_COST: Final = 1_000_000
 """Estimated steps one object may cost (see module docstring): e.g. one ``map`` over 1 000
 items (35-80 ms on a shared 2-core machine, ``bench/measures.py``), or two nested
 comprehensions over ~80 items each."""
+
+MAX_DEPTH: Final = 1000
+"""Levels of maps and lists in the parts of an object a measure reads (see module docstring,
+4.). Far beyond real objects (a pod nests about 10 levels) and far within the stack a thread
+starts with: converting 5 000 levels fit in 8 MiB, 9 000 did not."""
 
 _SPEC_KEYS: Final = frozenset({"name", "resource", "expression", "when"})
 _RESOURCE_KEYS: Final = frozenset({"group", "resource"})
@@ -397,6 +410,11 @@ def evaluate(measure: Measure, obj: Mapping[str, Any]) -> Quantity | None:
     """
     shape = measure.shape
     projected = analysis.project(obj, shape.projection)
+    if analysis.deeper_than(projected, MAX_DEPTH):
+        raise MeasureEvaluationError(
+            measure.name,
+            f"the object is nested more than {MAX_DEPTH} levels deep where the expression reads it",
+        )
     if shape.comprehensions:
         largest = analysis.largest_collection(projected)
         steps = _estimate(shape, largest)

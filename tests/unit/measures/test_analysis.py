@@ -15,6 +15,7 @@ from tally.measures.analysis import (
     Shape,
     ShapeError,
     analyse,
+    deeper_than,
     largest_collection,
     merge,
     project,
@@ -144,6 +145,21 @@ def test_project_leaves_missing_keys_missing_and_scalars_whole() -> None:
     assert project({"status": {}}, projection) == {}
     assert project({"spec": "text"}, projection) == {"spec": "text"}
     assert project({"spec": {"a": [1]}}, projection) == {"spec": {"a": [1]}}
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"),
+    [
+        pytest.param(5, 0, id="scalar"),
+        pytest.param({}, 1, id="empty-map"),
+        pytest.param({"a": 1}, 1, id="map"),
+        pytest.param({"a": [1, {"b": "c"}]}, 3, id="map-list-map"),
+        pytest.param([[], [[[]]], {"x": {}}], 4, id="deepest-branch-counts"),
+    ],
+)
+def test_deeper_than(value: Any, depth: int) -> None:
+    assert not deeper_than(value, depth)
+    assert deeper_than(value, depth - 1) is (depth > 0)
 
 
 def test_largest_collection() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from tally.measures import (
     MAX_COST,
+    MAX_DEPTH,
     MAX_EXPRESSION_LENGTH,
     Measure,
     MeasureCostError,
@@ -553,6 +554,33 @@ def test_the_cost_estimate_counts_only_what_the_expression_reads() -> None:
     m = measure("object.spec.items.map(i, i).size()")
     huge_elsewhere = {"spec": {"items": [1, 2]}, "status": {"log": list(range(100_000))}}
     assert evaluate(m, huge_elsewhere) == Quantity.from_int(2)
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """``{"a": {"a": ... 1}}``: ``levels`` maps deep, built without recursion."""
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return dict(value)
+
+
+def test_an_object_nested_too_deep_where_it_is_read_is_an_error_not_a_crash() -> None:
+    # The API server stores custom resources nested up to 10 000 levels; converting 9 000 of
+    # them overflowed cel-cpp's stack and killed the process (a segmentation fault).
+    m = measure("has(object.spec.deep) && object.spec.deep == object.spec.deep ? 1 : 0")
+    # spec and deep are two levels above the nested value.
+    assert evaluate(m, {"spec": {"deep": nested(MAX_DEPTH - 2)}}) == Quantity.from_int(1)
+    with pytest.raises(MeasureEvaluationError) as caught:
+        evaluate(m, {"spec": {"deep": nested(9_000)}})
+    assert caught.value.reason == (
+        f"the object is nested more than {MAX_DEPTH} levels deep where the expression reads it"
+    )
+    assert not isinstance(caught.value, MeasureCostError)
+
+
+def test_a_deep_field_the_expression_does_not_read_costs_nothing() -> None:
+    m = measure("object.spec.size")
+    assert evaluate(m, {"spec": {"size": 3, "deep": nested(9_000)}}) == Quantity.from_int(3)
 
 
 def test_evaluate_never_changes_the_object() -> None:
