@@ -6,8 +6,10 @@
 * ``reference_plane``: the same in reference mode (upstream quota on), started only when a test
   asks for it; ``TALLY_E2E_REFERENCE_KUBECONFIG`` reuses one.
 * ``operator``: tally itself, ``kopf run operator/main.py`` as a subprocess against
-  ``control_plane``, once per test module (so modules that need no tally run without one),
-  its webhook requiring the API server's client certificate (mutual TLS).
+  ``control_plane`` (``operator_process.TallyProcess``), once per test module (so modules that
+  need no tally run without one): as deployed, with its ServiceAccount's token under the RBAC of
+  ``manifests/``, in its namespace ``tally-system``, its webhook requiring the API server's
+  client certificate (mutual TLS).
 * ``api`` / ``reference_api``: kubernetes-asyncio clients; ``namespace`` /
   ``reference_namespace``: a fresh namespace per test, deleted afterwards.
 
@@ -18,12 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,12 +28,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client, config
-from operator_process import WEBHOOK_CONFIGURATION, mutual_tls_env, webhook_ports
+from operator_process import OperatorError, TallyProcess
 
 import cluster
 from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_account
 
-REPO = Path(__file__).resolve().parents[2]
 OPERATOR_START_TIMEOUT_S = 60.0
 
 
@@ -123,64 +119,22 @@ async def reference_namespace(reference_api: client.ApiClient) -> AsyncIterator[
 def operator(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningOperator]:
-    port = cluster.free_port()
-    liveness_url = f"http://127.0.0.1:{port}/healthz"
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    metrics_port = cluster.free_port()
-    webhook_port = cluster.free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(control_plane.kubeconfig),
-        "TALLY_METRICS_ADDR": "127.0.0.1",
-        "TALLY_METRICS_PORT": str(metrics_port),
-        "TALLY_WEBHOOK_PORT": str(webhook_port),
-        # The webhook requires the API server's client certificate (mutual TLS).
-        **mutual_tls_env(control_plane.kubeconfig),
-    }
-    command = [
-        sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
-        "--all-namespaces", "--standalone", f"--liveness={liveness_url}",
-    ]  # fmt: skip
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
-    pki = cluster.webhook_client_pki(control_plane.kubeconfig.parent)
-    running = RunningOperator(
-        process,
-        liveness_url,
-        log,
-        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
-        webhook_client=None if pki is None else (pki.cert, pki.key),
-    )
+    tally = TallyProcess(control_plane.kubeconfig, log, bin_dir=control_plane.bin_dir)
     try:
-        deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the operator exited with {process.returncode}:\n{running.log_text()}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(liveness_url, timeout=2) as response,
-            ):
-                if response.status == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the operator's liveness endpoint never answered:\n{running.log_text()}"
-                )
-            time.sleep(0.2)
-        # Admission is on only once tally's webhook configuration points at this process (a
-        # killed tally may have left one behind that points at a dead port).
-        while webhook_ports(
-            control_plane.bin_dir, control_plane.kubeconfig, WEBHOOK_CONFIGURATION
-        ) != {webhook_port}:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the operator never registered its webhook:\n{running.log_text()}")
-            time.sleep(0.2)
-        yield running
+        tally.start(timeout=OPERATOR_START_TIMEOUT_S)
+    except OperatorError as error:
+        tally.kill()
+        pytest.fail(str(error))
+    assert tally.process is not None
+    pki = cluster.webhook_client_pki(control_plane.kubeconfig.parent)
+    try:
+        yield RunningOperator(
+            tally.process,
+            tally.liveness_url,
+            log,
+            metrics_url=tally.metrics_url,
+            webhook_client=None if pki is None else (pki.cert, pki.key),
+        )
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        tally.kill()

@@ -1,15 +1,26 @@
-"""tally as a subprocess that a test (or a benchmark) starts, stops and starts again.
+"""tally as a subprocess that a test (or a benchmark) starts, stops and starts again, as it is
+deployed: under its ServiceAccount's RBAC.
 
-The same command and environment shape as the ``operator`` fixture in ``conftest.py`` (``kopf
-run operator/main.py --all-namespaces --standalone``, free ports for liveness, metrics and the
-webhook), but owned by the caller: the restart and watch-loss tests stop tally in the middle of
-a test, and ``bench/replenish.py`` runs it outside pytest. Standard library only.
+The same command and environment shape as the Deployment in ``manifests/`` (``kopf run
+operator/main.py --all-namespaces --standalone``, free ports for liveness, metrics and the
+webhook, ``TALLY_NAMESPACE=tally-system``), owned by the caller: the restart and watch-loss
+tests stop tally in the middle of a test, and the benchmarks run it outside pytest.
 
-``kubeconfig`` is what tally talks to (it may point at a proxy in front of the API server);
-``admin_kubeconfig`` is the API server itself, used here to see tally's webhook configuration
-appear and to find the CA of the client certificate the API server presents to webhooks: tally
-runs with mutual TLS (``TALLY_WEBHOOK_CLIENT_CA``) unless ``env`` says otherwise. On a graceful
-stop (SIGINT) tally removes its configuration (local default
+**Credentials.** tally talks to the API server with a token of the ServiceAccount
+``tally-system/tally`` (TokenRequest, ``kubectl create token``), bound by the RBAC objects of
+``manifests/`` (:func:`grant`, applied before every start), never as an administrator: a right
+the shipped roles lack fails here as it would in a cluster. Where a test changes a setting that
+the roles name (``TALLY_NAMESPACE``, ``TALLY_WEBHOOK_CERT_SECRET``, ``TALLY_WEBHOOK_CONFIG_NAME``,
+``TALLY_LEADER_ELECTION_LEASE``), the same rules are granted for the names it chose, as an
+installer changing that setting must do. ``credentials="kubeconfig"`` runs tally with the
+kubeconfig's own user: only for tests about RBAC itself.
+
+``kubeconfig`` is where tally connects (it may point at a proxy in front of the API server; its
+server and CA are kept, its user is replaced by the token); ``admin_kubeconfig`` is the API
+server itself, used here to grant the roles, request the token, see tally's webhook
+configuration appear and find the CA of the client certificate the API server presents to
+webhooks: tally runs with mutual TLS (``TALLY_WEBHOOK_CLIENT_CA``) unless ``env`` says
+otherwise. On a graceful stop (SIGINT) tally removes its configuration (local default
 ``TALLY_WEBHOOK_REMOVE_ON_EXIT=true``), so while tally is down creates are not charged.
 """
 
@@ -27,6 +38,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal
+
+import yaml
 
 import cluster
 
@@ -34,6 +48,22 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 WEBHOOK_CONFIGURATION = "validatingwebhookconfiguration/tally.dev"
+MANIFESTS = REPO / "manifests"
+OWN_NAMESPACE = "tally-system"
+"""tally's namespace in ``manifests/``: its ServiceAccount, Roles, Lease, certificate Secret."""
+SERVICE_ACCOUNT = "tally"
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{OWN_NAMESPACE}:{SERVICE_ACCOUNT}"
+RBAC_KINDS = frozenset(
+    {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
+# The names the manifests' roles grant, and the settings that choose them.
+DEFAULT_NAMES = {
+    "TALLY_WEBHOOK_CONFIG_NAME": "tally.dev",
+    "TALLY_WEBHOOK_CERT_SECRET": f"{OWN_NAMESPACE}/tally-webhook-tls",
+    "TALLY_LEADER_ELECTION_LEASE": "tally",
+}
+TOKEN_DURATION = "24h"
+GRANT_TIMEOUT_S = 30.0
 
 
 def established_connections(pid: int | str, remote_port: int) -> set[str]:
@@ -90,6 +120,156 @@ def mutual_tls_env(admin_kubeconfig: Path) -> dict[str, str]:
     return {} if pki is None else {"TALLY_WEBHOOK_CLIENT_CA": str(pki.ca)}
 
 
+def _kubectl(
+    bin_dir: Path, kubeconfig: Path, *args: str, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise OperatorError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+    return result
+
+
+def manifests_rbac(bin_dir: Path) -> list[dict[str, Any]]:
+    """tally's Namespace, ServiceAccount and every role and binding ``kubectl apply -k
+    manifests/`` installs, as rendered (``kubectl kustomize``)."""
+    rendered = _kubectl(bin_dir, Path(os.devnull), "kustomize", str(MANIFESTS)).stdout
+    return [o for o in yaml.safe_load_all(rendered) if o and o["kind"] in RBAC_KINDS]
+
+
+def rbac_for(objects: Sequence[Mapping[str, Any]], env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The manifests' RBAC ``objects`` plus the same rules for the names ``env`` chooses
+    instead of the manifests' (what an installer changing those settings must grant).
+
+    * ``TALLY_NAMESPACE`` elsewhere: the manifests' Roles (the Lease, the certificate Secret,
+      the built-in quota probe) in that namespace too, bound to the same ServiceAccount.
+    * ``TALLY_WEBHOOK_CERT_SECRET`` / ``TALLY_LEADER_ELECTION_LEASE`` renamed: the rules naming
+      the manifests' Secret / Lease name the chosen one (in the Secret's namespace).
+    * ``TALLY_WEBHOOK_CONFIG_NAME`` renamed: a ClusterRole of its own with the ClusterRole's
+      rules that name the configuration, naming the chosen one.
+    """
+    result: list[dict[str, Any]] = json.loads(json.dumps(list(objects)))
+    own = env.get("TALLY_NAMESPACE", OWN_NAMESPACE)
+    secret_ns, _, secret = env.get(
+        "TALLY_WEBHOOK_CERT_SECRET", DEFAULT_NAMES["TALLY_WEBHOOK_CERT_SECRET"]
+    ).partition("/")
+    lease = env.get("TALLY_LEADER_ELECTION_LEASE", DEFAULT_NAMES["TALLY_LEADER_ELECTION_LEASE"])
+    renamed = {
+        "tally-webhook-tls": secret,
+        DEFAULT_NAMES["TALLY_LEADER_ELECTION_LEASE"]: lease,
+    }
+    extra: list[dict[str, Any]] = []
+    for obj in result:
+        if obj["kind"] not in ("Role", "RoleBinding"):
+            continue
+        name = obj["metadata"]["name"]
+        namespaces = {own, secret_ns} if name == "tally-webhook-tls" else {own}
+        for namespace in sorted(namespaces - {OWN_NAMESPACE}):
+            copy = json.loads(json.dumps(obj))
+            copy["metadata"]["namespace"] = namespace
+            extra.append(copy)
+    for obj in [*result, *extra]:
+        if obj["kind"] != "Role":
+            continue
+        for rule in obj["rules"]:
+            if rule.get("resourceNames"):
+                rule["resourceNames"] = [renamed.get(n, n) for n in rule["resourceNames"]]
+    configuration = env.get("TALLY_WEBHOOK_CONFIG_NAME", DEFAULT_NAMES["TALLY_WEBHOOK_CONFIG_NAME"])
+    if configuration != DEFAULT_NAMES["TALLY_WEBHOOK_CONFIG_NAME"]:
+        (role,) = (
+            o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "tally"
+        )
+        name = f"tally-e2e-{configuration}"
+        extra.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [
+                    {**rule, "resourceNames": [configuration]}
+                    for rule in role["rules"]
+                    if DEFAULT_NAMES["TALLY_WEBHOOK_CONFIG_NAME"] in rule.get("resourceNames", ())
+                ],
+            }
+        )
+        extra.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": OWN_NAMESPACE}
+                ],
+            }
+        )
+    return [*result, *extra]
+
+
+def grant(admin_kubeconfig: Path, bin_dir: Path, env: Mapping[str, str]) -> None:
+    """Apply the manifests' RBAC (:func:`rbac_for` ``env``) and wait until the API server's
+    authorizer, which follows roles through an informer, lets the ServiceAccount act."""
+    objects = rbac_for(manifests_rbac(bin_dir), env)
+    _kubectl(bin_dir, admin_kubeconfig, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    checks = [("list", "pods", "--all-namespaces")]
+    own = env.get("TALLY_NAMESPACE", OWN_NAMESPACE)
+    checks.append(("create", "leases.coordination.k8s.io", f"--namespace={own}"))
+    deadline = time.monotonic() + GRANT_TIMEOUT_S
+    for check in checks:
+        while True:
+            result = subprocess.run(
+                [str(bin_dir / "kubectl"), f"--kubeconfig={admin_kubeconfig}", "auth", "can-i",
+                 *check, f"--as={SERVICE_ACCOUNT_USER}"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if result.stdout.strip() == "yes":
+                break
+            if time.monotonic() > deadline:
+                raise OperatorError(f"{SERVICE_ACCOUNT_USER} was never allowed to {check}")
+            time.sleep(0.2)
+
+
+def service_account_kubeconfig(
+    kubeconfig: Path, admin_kubeconfig: Path, bin_dir: Path, path: Path
+) -> Path:
+    """``kubeconfig`` (its server and CA) with a fresh token of tally's ServiceAccount as its
+    only user, written to ``path``. Fresh every time: a token names the ServiceAccount's uid,
+    so one issued before the account was deleted and created again is refused."""
+    token = _kubectl(
+        bin_dir, admin_kubeconfig, "create", "token", SERVICE_ACCOUNT,
+        f"--namespace={OWN_NAMESPACE}", f"--duration={TOKEN_DURATION}",
+    ).stdout.strip()  # fmt: skip
+    source = yaml.safe_load(kubeconfig.read_text())
+    current = source.get("current-context")
+    contexts = {c["name"]: c["context"] for c in source["contexts"]}
+    cluster_name = (contexts[current] if current else next(iter(contexts.values())))["cluster"]
+    (cluster_entry,) = (c["cluster"] for c in source["clusters"] if c["name"] == cluster_name)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": cluster_entry}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [
+            {"name": SERVICE_ACCOUNT, "context": {"cluster": "cluster", "user": SERVICE_ACCOUNT}}
+        ],
+        "current-context": SERVICE_ACCOUNT,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
 class OperatorError(RuntimeError):
     """tally did not start or stop as asked; the message carries the tail of its log."""
 
@@ -110,10 +290,15 @@ class TallyProcess:
         env: Mapping[str, str] | None = None,
         interpreter_args: Sequence[str] = (),
         entry_point: Path = REPO / "operator" / "main.py",
+        credentials: Literal["service-account", "kubeconfig"] = "service-account",
     ) -> None:
-        """``entry_point``: the file ``kopf run`` loads (a test harness may wrap the operator's)."""
+        """``entry_point``: the file ``kopf run`` loads (a test harness may wrap the operator's).
+        ``credentials``: ``"service-account"`` (tally's token under the manifests' RBAC, the
+        way it is deployed) or ``"kubeconfig"`` (``kubeconfig``'s own user, as given: tests
+        about RBAC itself only)."""
         self.entry_point = entry_point
         self.kubeconfig = kubeconfig
+        self.credentials = credentials
         # Between ``python`` and ``-m kopf``: ``-m cProfile -o FILE`` profiles tally (the
         # profile is written on a graceful stop).
         self.interpreter_args = tuple(interpreter_args)
@@ -123,6 +308,7 @@ class TallyProcess:
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_url = ""
+        self.liveness_url = ""
         self.webhook_port = 0
         self.starts = 0
 
@@ -184,16 +370,25 @@ class TallyProcess:
             raise OperatorError("tally is already running")
         port = cluster.free_port()
         liveness_url = f"http://127.0.0.1:{port}/healthz"
+        self.liveness_url = liveness_url
         metrics_port = cluster.free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        settings = {"TALLY_NAMESPACE": OWN_NAMESPACE, **self.extra_env}
+        kubeconfig = self.kubeconfig
+        if self.credentials == "service-account":
+            grant(self.admin_kubeconfig, self.bin_dir, settings)
+            kubeconfig = service_account_kubeconfig(
+                self.kubeconfig, self.admin_kubeconfig, self.bin_dir,
+                self.log.parent / f"{self.log.stem}.kubeconfig",
+            )  # fmt: skip
         env = {
             **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECONFIG": str(kubeconfig),
             "TALLY_METRICS_ADDR": "127.0.0.1",
             "TALLY_METRICS_PORT": str(metrics_port),
             "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
             **mutual_tls_env(self.admin_kubeconfig),
-            **self.extra_env,
+            **settings,
         }
         self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])
         command = [

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from operator_process import TallyProcess
+from operator_process import OWN_NAMESPACE, TallyProcess
 
 import cluster
 from tally_e2e import ControlPlane
@@ -142,8 +142,9 @@ def test_reference_mode_enforces_cluster_quotas_only(
         assert CONTROLLER_ON in line
         assert f"turn it off: {APISERVER_FLAG} " in line
         assert f" and {CONTROLLER_MANAGER_FLAG} " in line
-        # TALLY_NAMESPACE unset: the probe ran in kube-system, which every tally webhook exempts.
-        assert f"(Probe: quota kube-system/{PROBE}, " in line
+        # The probe ran in tally's own namespace (TALLY_NAMESPACE, as the Deployment sets it),
+        # which tally's webhook exempts.
+        assert f"(Probe: quota {OWN_NAMESPACE}/{PROBE}, " in line
         print(f"probe against reference mode: {_probe_took_ms(line)} ms")
         assert [] == _probe_quotas(reference_plane)
         assert (0.0, 1.0) == (
@@ -167,9 +168,10 @@ def test_reference_mode_enforces_cluster_quotas_only(
             }),
         )  # fmt: skip
         _until(lambda: _cq_used(reference_plane, team) == {"pods": "0"}, "the first status")
-        # The rules follow what ClusterQuotas name: pods (and their resize), nothing else.
-        assert [["pods", "pods/resize"]] == [
-            r["resources"] for r in _quota_rules(reference_plane, tally)
+        # The rules follow what ClusterQuotas name: pods (created and updated) and their resize
+        # (updated only), nothing else.
+        assert [(["pods"], ["CREATE", "UPDATE"]), (["pods/resize"], ["UPDATE"])] == [
+            (r["resources"], r["operations"]) for r in _quota_rules(reference_plane, tally)
         ]
         _until(lambda: _service_account(reference_plane, namespace), "the default SA")
         for name in ("a", "b"):
@@ -380,12 +382,14 @@ def test_operator_mode_starts_and_leaves_no_probe_behind(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     # A leftover probe, as a start killed mid-probe would leave it: removed and replaced.
+    own = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OWN_NAMESPACE}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(own))
     leftover = {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": {
             "name": PROBE,
-            "namespace": "kube-system",
+            "namespace": OWN_NAMESPACE,
             "labels": {"app.kubernetes.io/component": "builtin-quota-probe"},
         },
         "spec": {"hard": {"resourcequotas": "0"}},

@@ -82,6 +82,8 @@ class SaTally(TallyProcess):
             log,
             admin_kubeconfig=plane.kubeconfig,
             bin_dir=plane.bin_dir,
+            # The token this module made, under the roles this module applied and changes.
+            credentials="kubeconfig",
             env={
                 "TALLY_WEBHOOK_PORT": str(webhook_port),
                 "TALLY_WEBHOOK_CONFIG_NAME": installed.webhook_name,

@@ -1,18 +1,37 @@
-"""tally.charges.ChargeLedger: charges confirmed by their objects, released on time, held.
+"""tally.charges.ChargeLedger: charges confirmed by their objects, released on time, held; and
+tally.charges.verification: what the API's answer about a charge's object means.
 
 Time comes from a fake clock (``now[0]``) and the tests drive :meth:`ChargeLedger.expire`
-themselves; only the last test runs the real ``call_later`` timer.
+themselves; only the timer tests run the real ``call_later`` timer. The API's answers are plain
+data handed to :meth:`ChargeLedger.verified`, as the verifier would.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable
 
 import pytest
 
-from tally.charges import ChargeLedger, ObjectRef, QuotaKey, cluster_quota_key, sync_key
+from tally.charges import (
+    Answer,
+    Charge,
+    ChargeLedger,
+    Listed,
+    ObjectRef,
+    ObjectVersion,
+    QuotaKey,
+    Unanswered,
+    cluster_quota_key,
+    sync_key,
+)
+from tally.charges.verification import (
+    MAX_UNANSWERED,
+    Verdict,
+    decide,
+    describe_unanswered,
+)
 from tally.evaluators.base import GroupResource
 from tally.quota.quantity import Quantity
 
@@ -24,6 +43,11 @@ OTHER_REF = ObjectRef(PODS, "a", "q")
 QA: QuotaKey = ("a", "qa")
 QB: QuotaKey = ("a", "qb")
 TIMEOUT = 5.0
+STORED = Listed(ObjectVersion("u1", "7"))
+NOT_STORED = Listed(None)
+FORBIDDEN = Unanswered(403, "Forbidden")
+TIMED_OUT = Unanswered(None, "no answer within 4 s")
+UNAVAILABLE = Unanswered(503, "Service Unavailable")
 
 
 def q(text: str) -> Quantity:
@@ -61,6 +85,18 @@ class Harness:
 
     def advance(self, seconds: float) -> None:
         self.now[0] += seconds
+
+    def verifying(self) -> list[list[Charge]]:
+        """Give the ledger a verifier that only records what it is asked (the test answers
+        through :meth:`ChargeLedger.verified`); returns the record."""
+        asked: list[list[Charge]] = []
+
+        def verify(charges: list[Charge], answer: Callable[[Charge, Answer], None]) -> None:
+            assert answer == self.ledger.verified
+            asked.append(list(charges))
+
+        self.ledger.verify = verify
+        return asked
 
 
 @pytest.fixture
@@ -220,8 +256,7 @@ def test_held_counts_a_charge_past_its_deadline_until_it_is_released(h: Harness)
 
 
 def test_an_expired_charge_is_held_while_the_api_is_asked(h: Harness) -> None:
-    asked: list[list[Any]] = []
-    h.ledger.verify = asked.append
+    asked = h.verifying()
     charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
     h.ledger.hold(QB, {"cpu": q("2")})
     h.advance(TIMEOUT)
@@ -231,13 +266,13 @@ def test_an_expired_charge_is_held_while_the_api_is_asked(h: Harness) -> None:
     assert {"cpu": q("1")} == h.ledger.held(QA)
     assert ["unconfirmed"] == h.metrics.released
     # Stored: held on; asked again one timeout later.
-    h.ledger.verified(charge, True)
+    h.ledger.verified(charge, STORED)
     assert {"cpu": q("1")} == h.ledger.held(QA)
     h.advance(TIMEOUT)
     h.ledger.expire()
     assert [[charge], [charge]] == asked
     # Not stored (or gone): released at once, its quota recalculated.
-    h.ledger.verified(charge, False)
+    h.ledger.verified(charge, NOT_STORED)
     assert {} == h.ledger.held(QA)
     assert [[QB], [QA]] == h.recalculated
     assert ["unconfirmed", "unconfirmed"] == h.metrics.released
@@ -247,16 +282,271 @@ def test_an_expired_charge_is_held_while_the_api_is_asked(h: Harness) -> None:
 
 
 def test_a_charge_confirmed_while_the_api_is_asked_is_not_released(h: Harness) -> None:
-    asked: list[list[Any]] = []
-    h.ledger.verify = asked.append
+    h.verifying()
     charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
     h.advance(TIMEOUT)
     h.ledger.expire()
     h.ledger.observed(REF, "u1", "7")  # the caches caught up
-    h.ledger.verified(charge, False)  # an answer from before: too late to matter
+    h.ledger.verified(charge, NOT_STORED)  # an answer from before: too late to matter
     assert [] == h.recalculated
     assert [] == h.metrics.released
     assert 0 == len(h.ledger)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "words"),
+    [
+        pytest.param(FORBIDDEN, "needs list pods", id="403: the right is named"),
+        pytest.param(Unanswered(401, "Unauthorized"), "credentials", id="401"),
+    ],
+)
+def test_a_refused_question_releases_the_charge_at_once_as_unverified(
+    h: Harness, caplog: pytest.LogCaptureFixture, refusal: Unanswered, words: str
+) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}, QB: {"pods": q("1")}})
+    h.advance(TIMEOUT)  # 105: its deadline; held while the API is asked
+    assert [] == h.ledger.expire()
+    assert [[charge]] == asked
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+
+    with caplog.at_level(logging.WARNING, logger="tally.charges.ledger"):
+        h.ledger.verified(charge, refusal)
+
+    # Released at once (asking again would be refused again), its quotas recalculated.
+    assert [[QA, QB]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+    assert (0, {}, {}) == (len(h.ledger), h.ledger.held(QA), h.ledger.held(QB))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "pods a/p" in line
+    assert words in line
+    # Nothing held afterwards: no deadline asks about it again, none releases it twice.
+    for _ in range(3):
+        h.advance(TIMEOUT)
+        assert [] == h.ledger.expire()
+    assert [[charge]] == asked
+    assert [[QA, QB]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(TIMED_OUT, id="timeout"),
+        pytest.param(UNAVAILABLE, id="503"),
+        pytest.param(Unanswered(None, "ClientConnectorError: refused"), id="connection error"),
+    ],
+)
+def test_unanswered_questions_hold_a_charge_three_deadlines_then_release_it(
+    h: Harness, failure: Unanswered
+) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    # Recorded at 100: deadlines at 105 and 110 ask, get no answer, and hold on.
+    for deadline in (105.0, 110.0):
+        h.now[0] = deadline
+        assert [] == h.ledger.expire()
+        h.ledger.verified(charge, failure)
+        assert {"cpu": q("1")} == h.ledger.held(QA)
+        assert ([], []) == (h.recalculated, h.metrics.released)
+    # 115: the third question, unanswered too: released.
+    h.now[0] = 115.0
+    assert [] == h.ledger.expire()
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    h.ledger.verified(charge, failure)
+    assert [[charge], [charge], [charge]] == asked
+    assert [[QA]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+    assert (0, {}) == (len(h.ledger), h.ledger.held(QA))
+    assert 3 == MAX_UNANSWERED  # the bound this script walks through
+    # Should its object show up after all, it is late (counted, its quota recalculated).
+    h.ledger.observed(REF, "u1", "7")
+    assert 1 == h.metrics.late
+
+
+def test_a_stored_answer_between_unanswered_ones_starts_the_count_again(h: Harness) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    # Deadlines every 5 s from 105: two unanswered, one stored, two unanswered.
+    for i, answer in enumerate([TIMED_OUT, TIMED_OUT, STORED, TIMED_OUT, TIMED_OUT]):
+        h.now[0] = 105.0 + 5 * i
+        assert [] == h.ledger.expire()
+        h.ledger.verified(charge, answer)
+    # Two unanswered in a row since the stored answer: held, and the stored answer released
+    # nothing either.
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert ([], []) == (h.recalculated, h.metrics.released)
+    # 130: the third in a row.
+    h.now[0] = 130.0
+    h.ledger.expire()
+    h.ledger.verified(charge, TIMED_OUT)
+    assert 6 == len(asked)
+    assert [[QA]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+
+
+def test_a_charge_the_caches_confirm_after_unanswered_questions_is_confirmed(
+    h: Harness,
+) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.advance(TIMEOUT)
+    h.ledger.expire()
+    h.ledger.verified(charge, TIMED_OUT)
+    h.advance(TIMEOUT)
+    h.ledger.expire()  # 110: asked again
+    h.ledger.observed(REF, "u1", "7")  # the caches caught up
+    h.ledger.verified(charge, TIMED_OUT)  # the second question's answer: it no longer matters
+    assert 2 == len(asked)
+    assert [10.0] == h.metrics.confirmed
+    assert ([], []) == (h.recalculated, h.metrics.released)
+    assert (0, {}) == (len(h.ledger), h.ledger.held(QA))
+
+
+def test_a_question_never_answered_cannot_hold_a_charge_for_ever(h: Harness) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    h.now[0] = 105.0
+    h.ledger.expire()  # asked
+    # 110: still out a whole timeout later: written off as unanswered (1), not asked again.
+    h.now[0] = 110.0
+    assert [] == h.ledger.expire()
+    assert 1 == len(asked)
+    # Its answer, arriving now, counts for nothing (it was counted when written off).
+    h.ledger.verified(charge, TIMED_OUT)
+    # 115 asks, 120 writes off (2), 125 asks, 130 writes off (3): released.
+    released_at = None
+    for deadline in (115.0, 120.0, 125.0, 130.0, 135.0):
+        h.now[0] = deadline
+        if h.ledger.expire():
+            released_at = deadline
+            break
+    assert 130.0 == released_at
+    assert 3 == len(asked)
+    assert [[QA]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+    assert 0 == len(h.ledger)
+
+
+def test_a_create_without_uid_is_released_at_its_deadline_unasked(h: Harness) -> None:
+    asked = h.verifying()
+    # A forged review (the API server always sets the uid) naming an existing object: no new
+    # event of it will come, and asking the API would find it by name at every deadline.
+    h.ledger.record(REF, "", "", {QA: {"cpu": q("1")}})
+    asked_about = h.ledger.record(OTHER_REF, "u2", "", {QB: {"cpu": q("1")}})
+    # Until its deadline, any object of its name confirms such a charge.
+    third = ObjectRef(PODS, "a", "r")
+    h.ledger.record(third, "", "", {QB: {"pods": q("1")}})
+    h.advance(1)
+    h.ledger.observed(third, "u-any", "3")
+    assert [1.0] == h.metrics.confirmed
+
+    h.advance(TIMEOUT - 1)  # 105: both remaining deadlines
+    assert [QA] == h.ledger.expire()
+
+    assert [[asked_about]] == asked  # only the charge with a uid was asked about
+    assert [[QA]] == h.recalculated
+    assert ["unconfirmed"] == h.metrics.released
+    assert {} == h.ledger.held(QA)
+    assert {"cpu": q("1")} == h.ledger.held(QB)
+
+
+# -- one object, one create charge
+
+
+@pytest.mark.parametrize(
+    "second_uid",
+    [
+        pytest.param("u1", id="the same uid: a review judged twice"),
+        pytest.param("", id="a review without uid for the same name"),
+    ],
+)
+def test_two_create_charges_confirmed_by_one_object_recalculate_their_quotas(
+    h: Harness, second_uid: str
+) -> None:
+    h.ledger.record(REF, "u1", "", {QA: {"pods": q("1")}})
+    h.advance(1)
+    h.ledger.record(REF, second_uid, "", {QA: {"pods": q("1")}, QB: {"pods": q("1")}})
+    h.ledger.record(OTHER_REF, "u2", "", {QB: {"pods": q("1")}})
+    h.advance(1)
+
+    h.ledger.observed(REF, "u1", "7")
+
+    # Both charges are in the statuses; the object is one: recalculated from the caches,
+    # which count it once.
+    assert [[QA, QB]] == h.recalculated
+    assert [2.0] == h.metrics.confirmed  # the first charge confirms the object
+    assert ["duplicate"] == h.metrics.released  # the second charged it again
+    assert {} == h.ledger.held(QA)
+    assert {"pods": q("1")} == h.ledger.held(QB)  # OTHER_REF's, still pending
+    assert not h.ledger.expects(REF)  # nothing remembered for a late object
+    h.advance(TIMEOUT)
+    assert [QB] == h.ledger.expire()
+
+
+def test_one_create_charge_per_incarnation_is_not_a_duplicate(h: Harness) -> None:
+    # The name's old incarnation's charge and the new one's: each object confirms its own.
+    h.ledger.record(REF, "u-old", "", {QA: {"pods": q("1")}})
+    h.ledger.record(REF, "u-new", "", {QA: {"pods": q("1")}})
+    h.ledger.observed(REF, "u-new", "7")
+    h.ledger.observed(REF, "u-old", "5")
+    assert [] == h.recalculated
+    assert [] == h.metrics.released
+    assert 2 == len(h.metrics.confirmed)
+
+
+# -- what the API's answer means
+
+
+@pytest.mark.parametrize(
+    ("uid", "replaces", "answer", "verdict"),
+    [
+        pytest.param("u1", "", Listed(ObjectVersion("u1", "7")), Verdict.STORED,
+                     id="create stored"),
+        pytest.param("u1", "", Listed(None), Verdict.NOT_STORED, id="create not stored"),
+        pytest.param("u1", "", Listed(ObjectVersion("u0", "3")), Verdict.NOT_STORED,
+                     id="create: another incarnation of the name"),
+        pytest.param("u1", "41", Listed(ObjectVersion("u1", "42"), ObjectVersion("u1", "41")),
+                     Verdict.STORED, id="update stored, the caches behind"),
+        pytest.param("u1", "41", Listed(ObjectVersion("u1", "42")), Verdict.STORED,
+                     id="update stored, not cached"),
+        pytest.param("u1", "41", Listed(ObjectVersion("u1", "41"), ObjectVersion("u1", "41")),
+                     Verdict.NOT_STORED, id="update not stored: still the replaced version"),
+        pytest.param("u1", "41", Listed(ObjectVersion("u1", "43"), ObjectVersion("u1", "43")),
+                     Verdict.NOT_STORED, id="update superseded: the caches hold that version"),
+        pytest.param("u1", "41", Listed(None), Verdict.NOT_STORED, id="update: deleted since"),
+        pytest.param("u1", "", Unanswered(403, "Forbidden"), Verdict.FORBIDDEN, id="403"),
+        pytest.param("u1", "", Unanswered(401, "Unauthorized"), Verdict.FORBIDDEN, id="401"),
+        pytest.param("u1", "", Unanswered(404, "Not Found"), Verdict.NOT_STORED,
+                     id="404: the kind is no longer served"),
+        pytest.param("u1", "", TIMED_OUT, Verdict.UNANSWERED, id="timeout"),
+        pytest.param("u1", "41", Unanswered(500, "Internal Server Error"), Verdict.UNANSWERED,
+                     id="500"),
+        pytest.param("u1", "", Unanswered(429, "Too Many Requests"), Verdict.UNANSWERED,
+                     id="429"),
+    ],
+)  # fmt: skip
+def test_decide(uid: str, replaces: str, answer: Answer, verdict: Verdict) -> None:
+    assert verdict == decide(uid, replaces, answer)
+
+
+@pytest.mark.parametrize(
+    ("resource", "answer", "words"),
+    [
+        pytest.param("pods", FORBIDDEN, "403 Forbidden: tally's ServiceAccount needs list pods",
+                     id="403 pods"),
+        pytest.param("podsets.tally.dev", FORBIDDEN,
+                     "403 Forbidden: tally's ServiceAccount needs list podsets.tally.dev",
+                     id="403 a custom resource"),
+        pytest.param("pods", Unanswered(401, "Unauthorized"),
+                     "401 Unauthorized: the API server does not accept tally's credentials",
+                     id="401"),
+        pytest.param("pods", UNAVAILABLE, "503 Service Unavailable", id="503"),
+        pytest.param("pods", TIMED_OUT, "no answer within 4 s", id="timeout"),
+    ],
+)  # fmt: skip
+def test_describe_unanswered(resource: str, answer: Unanswered, words: str) -> None:
+    assert words == describe_unanswered(resource, answer)
 
 
 # -- expiry

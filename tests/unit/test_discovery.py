@@ -389,7 +389,7 @@ class Harness:
             self.stores,
             watched={GroupResource("", "pods")},
             replenish=self._replenish,
-            creations_charged=lambda gr: gr in self.charged,
+            creations_charged=lambda gr, _namespace: gr in self.charged,
             on_kind_synced=self.synced.append,
             recorder=self.recorder,
             fetch=self.fetch,

@@ -120,3 +120,16 @@ def test_cluster_quota_conditions_follow_the_status() -> None:
     metrics.cluster_quota_synced("team", {"total": {}, "conditions": [computed]})
     metrics.cluster_quota_deleted("team")
     assert condition("false") is None
+
+
+def test_every_release_reason_is_exported_from_the_start() -> None:
+    # At 0 before the first release: a series born at its first release shows no increase,
+    # and the unverified-charges alert would miss that release.
+    metrics = Metrics()
+    name = "tally_admission_charges_released_total"
+    reasons = ("unconfirmed", "refused", "unverified", "duplicate")
+    assert [0.0] * 4 == [sample(metrics, name, reason=reason) for reason in reasons]
+    metrics.charge_released("unverified")
+    metrics.charge_released("unverified")
+    metrics.charge_released("duplicate")
+    assert [0.0, 0.0, 2.0, 1.0] == [sample(metrics, name, reason=reason) for reason in reasons]

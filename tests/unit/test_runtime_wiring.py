@@ -125,6 +125,23 @@ async def test_a_raise_nobody_here_wrote_is_held_only_with_leader_election() -> 
             assert held == runtime.charges.held(KEY), leader_election
 
 
+class _Registered:
+    """A registrar whose rules have charged every kind's creations for long enough."""
+
+    def charges_creations(self, gr: GroupResource) -> bool:
+        return True
+
+
+async def test_a_creation_in_an_exempt_namespace_recalculates_its_quotas() -> None:
+    # Admission charged a creation elsewhere (the quota's status holds it): nothing to do. In
+    # a namespace the webhook exempts nothing charged it: its quotas are recalculated.
+    for exempt, queued in (("kube-system", []), ("kube-system,team", [KEY])):
+        async for runtime in _runtime(exempt_namespaces=exempt):
+            runtime.registrar = _Registered()  # type: ignore[assignment]
+            runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+            assert queued == await _queued(runtime.controller.queue), exempt
+
+
 async def test_namespaces_tally_does_not_manage_are_ignored() -> None:
     async for runtime in _runtime(namespaces="team"):
         runtime.on_event(PODS, "ADDED", _pod("p", "u-p", namespace="elsewhere"))

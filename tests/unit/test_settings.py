@@ -215,3 +215,106 @@ def test_bad_leader_election_settings(environ: dict[str, str], named: str) -> No
     if "must be" in named:
         # A rule across the three durations names all three variables.
         assert "TALLY_LEADER_ELECTION_LEASE_DURATION=15" in str(error.value)
+
+
+# -- TALLY_EXEMPT_NAMESPACES: where tally's webhook never looks
+
+
+@pytest.mark.parametrize(
+    ("environ", "exempt"),
+    [
+        # As before the setting existed: kube-system, and tally's own namespace when set.
+        pytest.param({}, ("kube-system",), id="default"),
+        pytest.param(
+            {"TALLY_NAMESPACE": "tally-system"}, ("kube-system", "tally-system"), id="own-namespace"
+        ),
+        pytest.param(
+            {
+                "TALLY_NAMESPACE": "tally-system",
+                "TALLY_EXEMPT_NAMESPACES": " kube-system,cert-manager, calico-system,",
+            },
+            ("calico-system", "cert-manager", "kube-system", "tally-system"),
+            id="add-ons",
+        ),
+        # tally's own namespace stays exempt whatever the list says.
+        pytest.param(
+            {"TALLY_NAMESPACE": "tally-system", "TALLY_EXEMPT_NAMESPACES": ""},
+            ("tally-system",),
+            id="only-its-own",
+        ),
+        pytest.param(
+            {"TALLY_NAMESPACE": "tally-system", "TALLY_EXEMPT_NAMESPACES": "tally-system"},
+            ("tally-system",),
+            id="named-twice",
+        ),
+    ],
+)
+def test_exempt_namespaces(environ: dict[str, str], exempt: tuple[str, ...]) -> None:
+    assert exempt == Settings.from_env(environ).webhook_exempt_namespaces
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        pytest.param(
+            {"TALLY_EXEMPT_NAMESPACES": "kube-system,Cert_Manager"},
+            "TALLY_EXEMPT_NAMESPACES='kube-system,Cert_Manager': Value error, 'Cert_Manager' is "
+            "not a valid namespace name",
+            id="not-a-namespace",
+        ),
+        pytest.param(
+            {"TALLY_EXEMPT_NAMESPACES": "kube-system,a/b"},
+            "'a/b' is not a valid namespace name",
+            id="slash",
+        ),
+        pytest.param(
+            {"TALLY_EXEMPT_NAMESPACES": "kube-system," + "a" * 64},
+            f"{'a' * 64!r} is not a valid namespace name",
+            id="longer-than-a-label",
+        ),
+        # The built-in quota probe runs in kube-system when TALLY_NAMESPACE is unset.
+        pytest.param(
+            {"TALLY_EXEMPT_NAMESPACES": "cert-manager"},
+            "TALLY_EXEMPT_NAMESPACES='cert-manager': kube-system must stay exempt while "
+            "TALLY_NAMESPACE is unset",
+            id="probe-namespace-not-exempt",
+        ),
+        pytest.param(
+            {"TALLY_NAMESPACES": "kube-system"},
+            "TALLY_NAMESPACES='kube-system': every namespace tally manages is exempt",
+            id="manages-only-exempt-namespaces",
+        ),
+        # The certificate Secret must be in an exempt namespace: kube-system is not any more.
+        pytest.param(
+            {
+                "TALLY_NAMESPACE": "tally-system",
+                "TALLY_EXEMPT_NAMESPACES": "cert-manager",
+                "TALLY_WEBHOOK_CERT_SECRET": "kube-system/tally",
+            },
+            "the Secret must be in a namespace tally's webhook exempts (cert-manager, "
+            "tally-system;",
+            id="secret-no-longer-exempt",
+        ),
+    ],
+)
+def test_bad_exempt_namespaces_are_named(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match="invalid settings") as error:
+        Settings.from_env(environ)
+    assert named in str(error.value)
+
+
+def test_certificate_secret_in_an_added_exempt_namespace() -> None:
+    settings = Settings.from_env(
+        {
+            "TALLY_EXEMPT_NAMESPACES": "kube-system,cert-manager",
+            "TALLY_WEBHOOK_CERT_SECRET": "cert-manager/tally-webhook-tls",
+        }
+    )
+    assert ("cert-manager", "tally-webhook-tls") == settings.webhook_cert_secret_ref
+
+
+def test_managed_namespaces_may_include_an_exempt_one() -> None:
+    # The selector then names only the others; kube-system alone would select nothing.
+    settings = Settings.from_env({"TALLY_NAMESPACES": "team-a,kube-system"})
+    assert {"team-a", "kube-system"} == settings.watched_namespaces
+    assert ("kube-system",) == settings.webhook_exempt_namespaces

@@ -11,21 +11,29 @@ from typing import Any, cast
 import pytest
 
 from tally.app.settings import Settings, SettingsError
-from tally.evaluators.base import GroupResource
+from tally.evaluators.base import Evaluator, GroupResource, Operation
+from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.podsets import PODSETS, PodSetEvaluator
-from tally.evaluators.registry import new_registry
+from tally.evaluators.pvcs import PersistentVolumeClaimEvaluator
+from tally.evaluators.registry import Registry, new_registry
+from tally.measures import compile_measure
 from tally.webhook import certs
 from tally.webhook.configuration import (
+    NEVER_ROUTED_SUBRESOURCES,
+    Route,
     ServiceReference,
     count_resources,
+    namespace_selector,
     parse_service_reference,
     validating_webhook_configuration,
     webhook_rules,
 )
-from tally.webhook.registrar import REFRESH_DEBOUNCE_S, WebhookRegistrar
+from tally.webhook.registrar import REFRESH_DEBOUNCE_S, RULES_SETTLE_S, WebhookRegistrar
 from tally.webhook.tls import MemorySource, ServingTLS
 
 pytestmark = pytest.mark.unit
+
+WIDGETS = GroupResource("example.com", "widgets")
 
 
 def quota(spec_hard: dict[str, str], status_hard: dict[str, str] | None = None) -> dict[str, Any]:
@@ -70,13 +78,16 @@ def test_count_resources_by_a_registered_evaluators_names() -> None:
     assert count_resources([quota({"services.nodeports": "1", "cpu": "1"})], evaluators) == set()
     assert count_resources([gold]) == set()  # without evaluators, count/ names only
     rules = webhook_rules(count_resources([gold], evaluators))
-    assert rules[1] == {
-        "apiGroups": ["resource.k8s.io"],
-        "apiVersions": ["*"],
-        "resources": ["resourceclaims"],
-        "operations": ["CREATE", "UPDATE"],
-        "scope": "Namespaced",
-    }
+    # Upstream's claimEvaluator.Handles (resource_claims.go): CREATE and UPDATE, no subresource.
+    assert [r for r in rules if r["apiGroups"] == ["resource.k8s.io"]] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "resources": ["resourceclaims"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
 
 
 def test_rules_never_include_status_or_everything() -> None:
@@ -85,15 +96,19 @@ def test_rules_never_include_status_or_everything() -> None:
     assert "*" not in resources
     assert not any(r.endswith("/status") for r in resources)
     assert rules[0]["apiGroups"] == [""]
-    assert "endpoints" in rules[0]["resources"]
-    assert "pods/resize" in rules[0]["resources"]
-    assert rules[1] == {
-        "apiGroups": ["apps"],
-        "apiVersions": ["*"],
-        "resources": ["deployments"],
-        "operations": ["CREATE", "UPDATE"],
-        "scope": "Namespaced",
-    }
+    core = [r for rule in rules if rule["apiGroups"] == [""] for r in rule["resources"]]
+    assert "endpoints" in core
+    assert "pods/resize" in core
+    # count/deployments.apps: upstream's objectCountEvaluator.Handles takes CREATE only.
+    assert [r for r in rules if r["apiGroups"] == ["apps"]] == [
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["*"],
+            "resources": ["deployments"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }
+    ]
 
 
 def test_configuration_fields_hold() -> None:
@@ -327,7 +342,7 @@ async def test_a_stopped_registrar_writes_nothing_more() -> None:
             applied.append(self._ca_pem.decode())
             # As if a quota named count/widgets.example.com when applied: a refresh without
             # it (quotas=list) would apply again.
-            self._applied = {GroupResource("example.com", "widgets")}
+            self._applied = frozenset({Route(WIDGETS, "", Operation.CREATE)})
 
     registrar = Recording(
         cast(Any, None),
@@ -366,8 +381,15 @@ def test_cluster_quotas_only_rules_cover_just_what_quotas_name() -> None:
         core_always=False,
     )
     assert {GroupResource("", "pods"), GroupResource("", "configmaps")} == named
-    (rule,) = webhook_rules(named, core_always=False)
-    assert ["configmaps", "pods", "pods/resize"] == rule["resources"]
+    # One rule per operation set: configmaps are counted (CREATE), pods charged on CREATE and
+    # UPDATE (upstream's podEvaluator.Handles), their resize on UPDATE.
+    assert [
+        (["configmaps"], ["CREATE"]),
+        (["pods"], ["CREATE", "UPDATE"]),
+        (["pods/resize"], ["UPDATE"]),
+    ] == [
+        (rule["resources"], rule["operations"]) for rule in webhook_rules(named, core_always=False)
+    ]
 
 
 def test_podset_measures_call_for_podsets_and_their_scale() -> None:
@@ -401,15 +423,25 @@ def test_podset_measures_call_for_podsets_and_their_scale() -> None:
         {
             "apiGroups": ["tally.dev"],
             "apiVersions": ["*"],
-            "resources": ["podsets", "podsets/scale"],
+            "resources": ["podsets"],
             "operations": ["CREATE", "UPDATE"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": ["tally.dev"],
+            "apiVersions": ["*"],
+            "resources": ["podsets/scale"],
+            "operations": ["UPDATE"],
+            "scope": "Namespaced",
+        },
     ] == quota_webhook["rules"]
-    # Kinds without charged subresources get none.
-    assert ["configmaps"] == webhook_rules(
-        {GroupResource("", "configmaps")}, core_always=False, subresources={PODSETS: ("scale",)}
-    )[0]["resources"]
+    # Kinds without handled subresources get none.
+    assert [(["configmaps"], ["CREATE"])] == [
+        (rule["resources"], rule["operations"])
+        for rule in webhook_rules(
+            {GroupResource("", "configmaps")}, core_always=False, evaluators=evaluators
+        )
+    ]
 
 
 class _SlowApply(WebhookRegistrar):
@@ -443,7 +475,7 @@ async def test_a_quota_change_during_an_apply_is_applied_after_it() -> None:
     # running refresh read the quotas before it, so it must look again when it is done.
     quotas: list[dict[str, Any]] = []
     registrar = _SlowApply(quotas)
-    registrar._applied = set()  # registered, no rule yet
+    registrar._applied = frozenset()  # registered, no rule yet
     assert registrar.rules_current()
     quotas.append({"spec": {"hard": {"pods": "2"}}})
     assert not registrar.rules_current()  # and a refresh is on its way
@@ -454,7 +486,13 @@ async def test_a_quota_change_during_an_apply_is_applied_after_it() -> None:
     registrar.gate.set()
     assert registrar._refresh is not None
     await asyncio.wait_for(registrar._refresh, 5)
-    assert {GroupResource("", "pods"), GroupResource("", "configmaps")} == registrar._applied
+    pods, configmaps = GroupResource("", "pods"), GroupResource("", "configmaps")
+    assert {
+        Route(pods, "", Operation.CREATE),
+        Route(pods, "", Operation.UPDATE),
+        Route(pods, "resize", Operation.UPDATE),
+        Route(configmaps, "", Operation.CREATE),
+    } == registrar._applied
     assert registrar.rules_current()
 
 
@@ -462,3 +500,277 @@ def test_rules_are_not_current_before_registration() -> None:
     registrar = _SlowApply([])
     assert not registrar.rules_current()  # nothing applied yet: no rule sends anything
     assert registrar._refresh is None  # the registration itself applies them
+
+
+# -- rules as narrow as the evaluators: what each kind's evaluator handles, and nothing more
+
+STORAGE = "example.com/storage-gb"
+DEPLOYMENTS = GroupResource("apps", "deployments")
+PVCS = GroupResource("", "persistentvolumeclaims")
+PROBED_SUBRESOURCES = (
+    "",
+    *("status", "scale", "resize", "binding", "eviction", "ephemeralcontainers"),
+    *("exec", "attach", "log", "portforward", "proxy", "token", "approval"),
+)
+"""The object itself and the subresources the API serves for namespaced kinds."""
+_OBJECTS: list[dict[str, Any]] = [
+    {"metadata": {"name": "x", "namespace": "team-a"}, "spec": {}},
+    # A pod whose spec says it is Terminating (upstream IsTerminating: activeDeadlineSeconds
+    # set and >= 0): an update into or out of it is what the pod evaluator handles.
+    {"metadata": {"name": "x", "namespace": "team-a"}, "spec": {"activeDeadlineSeconds": 30}},
+]
+
+
+def registered() -> Registry:
+    """What the runtime registers: the core evaluators, PodSets', and a measured kind's."""
+    registry = new_registry()
+    registry.register(PodSetEvaluator())
+    resource = {"group": WIDGETS.group, "resource": WIDGETS.resource}
+    measure = compile_measure({"name": STORAGE, "resource": resource, "expression": "1"})
+    registry.register(MeasuredEvaluator(WIDGETS, [measure]))
+    return registry
+
+
+def registered_evaluators() -> list[Evaluator]:
+    return registered().list()
+
+
+def can_handle(evaluator: Evaluator, operation: Operation, subresource: str) -> bool:
+    """Whether ``evaluator.handles`` says yes to some request of that operation and
+    subresource, as admission would ask it: a CREATE has no old object, an UPDATE both."""
+    if operation is Operation.CREATE:
+        requests = [(None, new) for new in _OBJECTS]
+    else:
+        requests = [(old, new) for old in _OBJECTS for new in _OBJECTS]
+    return any(evaluator.handles(operation, subresource, old, new) for old, new in requests)
+
+
+def _matches(pattern: str, path: str) -> bool:
+    """The API server's resource matching in a rule: ``*`` is every resource but no
+    subresource, ``pods/*`` every subresource of pods, ``*/*`` everything."""
+    resource, _, subresource = path.partition("/")
+    pattern_resource, slash, pattern_subresource = pattern.partition("/")
+    if not slash:
+        return not subresource and pattern in ("*", resource)
+    return (
+        bool(subresource)
+        and pattern_resource in ("*", resource)
+        and pattern_subresource in ("*", subresource)
+    )
+
+
+def sends(
+    rules: list[dict[str, Any]], gr: GroupResource, subresource: str, operation: Operation
+) -> bool:
+    """Whether a request matches one of ``rules`` (and so reaches tally)."""
+    path = f"{gr.resource}/{subresource}" if subresource else gr.resource
+    return any(
+        ({gr.group, "*"} & set(rule["apiGroups"]))
+        and ({str(operation), "*"} & set(rule["operations"]))
+        and any(_matches(pattern, path) for pattern in rule["resources"])
+        for rule in rules
+    )
+
+
+def test_every_request_an_evaluator_handles_is_sent() -> None:
+    registry = registered()
+    # Every registered kind, and a count/ kind without an evaluator of its own.
+    kinds = {e.group_resource for e in registry.list()} | {DEPLOYMENTS}
+    rules = webhook_rules(kinds, evaluators=registry.list())
+    checked = 0
+    for gr in sorted(kinds):
+        evaluator = registry.get_or_count(gr)
+        assert evaluator is not None
+        for subresource in PROBED_SUBRESOURCES:
+            if subresource in NEVER_ROUTED_SUBRESOURCES:
+                continue
+            for operation in (Operation.CREATE, Operation.UPDATE):
+                if can_handle(evaluator, operation, subresource):
+                    checked += 1
+                    assert sends(rules, gr, subresource, operation), (gr, subresource, operation)
+    # pods 3, services 2, PVCs 2, claims 2, podsets 3, widgets 2, and the CREATE of the four
+    # legacy-counted core kinds and deployments.
+    assert 19 == checked
+
+
+def test_nothing_is_sent_that_no_evaluator_handles() -> None:
+    registry = registered()
+    kinds = {e.group_resource for e in registry.list()} | {DEPLOYMENTS}
+    for rule in webhook_rules(kinds, evaluators=registry.list()):
+        (group,) = rule["apiGroups"]
+        for path in rule["resources"]:
+            resource, _, subresource = path.partition("/")
+            evaluator = registry.get_or_count(GroupResource(group, resource))
+            assert evaluator is not None
+            for operation in rule["operations"]:
+                assert can_handle(evaluator, Operation(operation), subresource), (path, operation)
+
+
+@pytest.mark.parametrize(
+    "gr",
+    [
+        *(GroupResource("", r) for r in ("configmaps", "secrets")),
+        *(GroupResource("", r) for r in ("replicationcontrollers", "resourcequotas")),
+        GroupResource("", "endpoints"),
+        DEPLOYMENTS,
+        GroupResource("batch", "jobs"),
+    ],
+    ids=str,
+)
+def test_counted_kinds_are_sent_creations_only(gr: GroupResource) -> None:
+    # Upstream's objectCountEvaluator.Handles (generic/evaluator.go): operation == Create. An
+    # update (a 700 KiB Secret, Helm's release Secrets) never reaches tally.
+    rules = webhook_rules({gr}, evaluators=registered_evaluators())
+    assert sends(rules, gr, "", Operation.CREATE)
+    assert not sends(rules, gr, "", Operation.UPDATE)
+
+
+def test_default_rules_are_the_core_evaluators() -> None:
+    # podEvaluator.Handles: CREATE, UPDATE (Terminating-ness), resize UPDATE; serviceEvaluator
+    # and pvcEvaluator: CREATE and UPDATE; the legacy counted kinds: CREATE (pods.go,
+    # services.go, persistent_volume_claims.go, generic/evaluator.go).
+    core = {"apiGroups": [""], "apiVersions": ["v1"], "scope": "Namespaced"}
+    assert [
+        core | {"resources": ["configmaps", "replicationcontrollers", "resourcequotas", "secrets"],
+                "operations": ["CREATE"]},
+        core | {"resources": ["persistentvolumeclaims", "pods", "services"],
+                "operations": ["CREATE", "UPDATE"]},
+        core | {"resources": ["pods/resize"], "operations": ["UPDATE"]},
+    ] == webhook_rules(())  # fmt: skip
+
+
+def test_status_writes_are_never_sent() -> None:
+    # The PVC evaluator takes a claim's status writes (upstream's Handles looks at the
+    # operation only), but a status write is a controller's report: it is never sent.
+    assert can_handle(PersistentVolumeClaimEvaluator(), Operation.UPDATE, "status")
+    rules = webhook_rules((), evaluators=registered_evaluators())
+    assert not sends(rules, PVCS, "status", Operation.UPDATE)
+    assert not sends(rules, GroupResource("", "resourcequotas"), "status", Operation.UPDATE)
+
+
+def test_a_kind_admission_ignores_gets_no_rule() -> None:
+    # count/events names a kind upstream's registry ignores: admission never charges it.
+    events = GroupResource("", "events")
+    assert {events} == count_resources([quota({"count/events": "10"})])
+    assert not sends(webhook_rules({events}), events, "", Operation.CREATE)
+
+
+class _Recording(WebhookRegistrar):
+    """Writes the configuration into ``written`` instead of the API."""
+
+    def __init__(self, **overrides: Any) -> None:
+        arguments: dict[str, Any] = {
+            "name": "tally.dev",
+            "url": "https://127.0.0.1:9443",
+            "ca_pem": b"CA",
+            "listen": ("127.0.0.1", 9443),
+            "quotas": list,
+            "failure_policy": "Fail",
+            "exempt_namespaces": ["kube-system"],
+        }
+        super().__init__(cast(Any, None), **(arguments | overrides))
+        self.written: list[dict[str, Any]] = []
+
+    async def _write(self, body: dict[str, Any]) -> None:
+        self.written.append(body)
+
+
+async def test_a_counted_kind_that_gets_measures_is_sent_its_updates() -> None:
+    # A ClusterQuota counting widgets (count/) is joined by a measure over them: the kinds
+    # named are the same, but an update of a widget can now grow what it is charged.
+    evaluators = new_registry().list()
+    registrar = _Recording(
+        quotas=lambda: [quota({"count/widgets.example.com": "5", STORAGE: "50"})],
+        evaluators=lambda: evaluators,
+    )
+    await registrar.apply()
+    rules = registrar.written[-1]["webhooks"][0]["rules"]
+    assert not sends(rules, WIDGETS, "", Operation.UPDATE)
+    assert registrar.rules_current()
+    resource = {"group": WIDGETS.group, "resource": WIDGETS.resource}
+    measure = compile_measure({"name": STORAGE, "resource": resource, "expression": "1"})
+    evaluators.append(MeasuredEvaluator(WIDGETS, [measure]))
+    assert not registrar.rules_current()  # and a refresh is on its way
+    assert registrar._refresh is not None
+    await asyncio.wait_for(registrar._refresh, 5)
+    rules = registrar.written[-1]["webhooks"][0]["rules"]
+    assert sends(rules, WIDGETS, "", Operation.CREATE)
+    assert sends(rules, WIDGETS, "", Operation.UPDATE)
+    assert registrar.rules_current()
+    await registrar.stop(remove=False)
+
+
+async def test_creations_are_charged_where_creations_are_sent() -> None:
+    now = [100.0]
+    registrar = _Recording(
+        quotas=lambda: [quota({"count/events": "1", "count/deployments.apps": "1"})],
+        evaluators=new_registry().list,
+        clock=lambda: now[0],
+    )
+    await registrar.apply()
+    now[0] += RULES_SETTLE_S
+    # Sent creations only, and charged: the quota controller need not recalculate on them.
+    assert registrar.charges_creations(GroupResource("", "secrets"))
+    assert registrar.charges_creations(DEPLOYMENTS)
+    assert registrar.charges_creations(GroupResource("", "pods"))
+    # Not sent at all: nobody charges an event's creation.
+    assert not registrar.charges_creations(GroupResource("", "events"))
+
+
+# -- which namespaces the webhooks see
+
+
+def test_watched_namespaces_narrow_the_namespaced_webhooks() -> None:
+    config = validating_webhook_configuration(
+        name="tally.dev",
+        url="https://127.0.0.1:9443",
+        ca_bundle="Q0E=",
+        rules=webhook_rules(()),
+        exempt_namespaces=["kube-system", "tally-system"],
+        watched_namespaces=["team-b", "team-a", "tally-system"],
+    )
+    quotas, podsets, cluster_quotas = config["webhooks"]
+    # tally's own namespace stays exempt even when watched.
+    watched = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    }
+    assert watched == quotas["namespaceSelector"]
+    assert watched == podsets["namespaceSelector"]
+    # Cluster-scoped ClusterQuotas: the selector is never applied; it stays the exempt one.
+    assert [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "tally-system"],
+        }
+    ] == cluster_quotas["namespaceSelector"]["matchExpressions"]
+
+
+def test_without_watched_namespaces_all_but_the_exempt_are_seen() -> None:
+    assert {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["cert-manager", "kube-system", "tally-system"],
+            }
+        ]
+    } == namespace_selector(["tally-system", "kube-system", "cert-manager", "kube-system"])
+    # NotIn needs values: with nothing exempt, the empty selector selects every namespace.
+    assert {} == namespace_selector([])
+
+
+def test_a_selector_that_would_select_nothing_is_refused() -> None:
+    with pytest.raises(ValueError, match="every namespace tally manages is exempt"):
+        namespace_selector(["kube-system", "team-a"], ["team-a"])
+
+
+def test_registrar_passes_exempt_and_watched_namespaces() -> None:
+    registrar = _Recording(
+        exempt_namespaces=["kube-system", "tally-system"], watched_namespaces=["team-a"]
+    )
+    quotas, podsets, _ = registrar.body(set())["webhooks"]
+    assert ["team-a"] == quotas["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert ["team-a"] == podsets["namespaceSelector"]["matchExpressions"][0]["values"]

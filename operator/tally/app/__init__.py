@@ -5,7 +5,8 @@ Owns :mod:`~tally.app.handlers` (Kopf's ``on.event`` feeds, start-up and clean-u
 probe), :mod:`~tally.app.runtime` (builds and owns everything one process runs, in start
 order), :mod:`~tally.app.settings` (``TALLY_*`` environment variables, validated once),
 :mod:`~tally.app.metrics` (the Prometheus registry and ``/metrics``), :mod:`~tally.app.heap`
-(freed heap memory returned to the operating system) and :mod:`~tally.app.kopf_settings` (how
+(freed heap memory returned to the operating system), :mod:`~tally.app.recursion` (the
+recursion limit deep objects need) and :mod:`~tally.app.kopf_settings` (how
 Kopf is set to run: watching only). Decides nothing about quota: it wires the
 packages below it, which it may all import.
 """

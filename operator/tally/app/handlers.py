@@ -5,7 +5,8 @@
   These handlers return None, so Kopf writes nothing onto objects tally does not own.
 * Admission is not Kopf's: the runtime serves tally's webhooks from its own server
   (:mod:`tally.webhook.server`, which says why) once the caches are synced.
-* Start-up connects the API client and starts the runtime: caches LISTed (the synced point),
+* Start-up raises the recursion limit (:mod:`tally.app.recursion`: the deepest objects the API
+  server stores), connects the API client and starts the runtime: caches LISTed (the synced point),
   controller and admission workers running. When the runtime sees upstream's own quota system
   on (:mod:`tally.builtin_quota.decision`), it enforces ClusterQuotas only.
   Kopf starts its watches only after the start-up handlers finished, so no event is lost
@@ -31,6 +32,7 @@ from typing import Any
 import kopf
 
 from tally.app.kopf_settings import configure_kopf
+from tally.app.recursion import raise_recursion_limit
 from tally.app.runtime import (
     CLUSTER_QUOTAS,
     NAMESPACES,
@@ -55,6 +57,8 @@ minute after it came back."""
 
 @kopf.on.startup(backoff=STARTUP_RETRY_S)
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Before the first LIST, watch or review: the deepest objects the API server stores.
+    raise_recursion_limit()
     configure_kopf(settings)
     try:
         config = Settings.from_env()

@@ -9,7 +9,10 @@
 * quotas themselves, shaped like kube-state-metrics' ``kube_resourcequota{namespace,
   resourcequota, resource, type="hard"|"used"}``, so existing dashboards and alerts work;
 * charges admission wrote until their objects appear (:mod:`tally.charges`):
-  ``tally_admission_charges_confirmed_total``, ``tally_admission_charges_released_total{reason}``,
+  ``tally_admission_charges_confirmed_total``, ``tally_admission_charges_released_total{reason}``
+  (``unconfirmed``, ``refused``, ``unverified``: the API could not be asked whether the object
+  was stored, which an alert reads; ``duplicate``: one object's create charged twice; every
+  reason exported from the start, at 0, so that an alert sees the first release),
   ``tally_admission_charges_late_total``, the confirmation latency and the age of the oldest
   pending charge;
 * ClusterQuotas: ``tally_clusterquota_usage`` and ``tally_clusterquota_namespace_usage``
@@ -39,6 +42,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from tally.charges import ReleaseReason
 from tally.quota.quantity import Quantity
 from tally.resourcequota.controller import QuotaKey
 from tally.workqueue import PrometheusMetricsProvider
@@ -122,13 +126,19 @@ class Metrics:
         )
         self.charges_released = Counter(
             "tally_admission_charges_released",
-            "Charges admission wrote that were given back before their object appeared, by "
-            "reason: unconfirmed (not seen within TALLY_CHARGE_CONFIRM_TIMEOUT: refused after "
-            "tally's answer, or another replica's charge held until then), refused (tally "
-            "itself refused the request after writing its charge).",
+            "Charges admission wrote that were given back instead of confirmed, by reason: "
+            "unconfirmed (not seen within TALLY_CHARGE_CONFIRM_TIMEOUT and not stored: refused "
+            "after tally's answer, or another replica's charge held until then), refused (tally "
+            "itself refused the request after writing its charge), unverified (the API could "
+            "not be asked whether the object was stored: a 401/403, or no answer several times "
+            "in a row), duplicate (a second charge for one created object).",
             ["reason"],
             registry=self.registry,
         )
+        # Every reason from the start, at 0: a series born at its first release shows no
+        # increase to rate() or increase(), and the unverified alert would miss it.
+        for reason in ReleaseReason:
+            self.charges_released.labels(reason.value)
         self.charges_late = Counter(
             "tally_admission_charges_late",
             "Objects that appeared after their charge had been released as unconfirmed "

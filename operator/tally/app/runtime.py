@@ -51,7 +51,7 @@ from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import Charge, ChargeLedger, ObjectRef, cluster_quota_key, cluster_quota_of
+from tally.charges import ChargeLedger, cluster_quota_key, cluster_quota_of
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
@@ -61,6 +61,7 @@ from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
+from tally.kube.charge_verifier import KubeChargeVerifier
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.events import WarningRecorder
 from tally.kube.lease_lock import KubeLeaseLock
@@ -77,7 +78,6 @@ from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
 from tally.resourcequota.replenishment import replenisher
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,
-    DEFAULT_EXEMPT_NAMESPACES,
     PODSET_WEBHOOK_ID,
     QUOTA_WEBHOOK_ID,
 )
@@ -116,9 +116,6 @@ CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
 OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
 """tally's custom resources and their versions: a missing CRD lists as no objects."""
 ADMISSION_TIMEOUT_S: Final = 9.5
-VERIFY_CONCURRENCY: Final = 10
-"""GETs in flight at once when charges past their deadline are checked against the API (a
-burst's charges expire together)."""
 
 
 def _keep_whole(obj: Any) -> Any:
@@ -170,6 +167,8 @@ class Runtime:
         ``on_leadership_lost``: called once the controllers stopped after the lease was
         lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
+        # Creations there pass no tally webhook: their quotas are recalculated instead.
+        self._exempt = frozenset(settings.webhook_exempt_namespaces)
         self.api = api
         self.dedicated_api = dedicated_api or api
         self.watch_api = watch_api or self.dedicated_api
@@ -232,11 +231,31 @@ class Runtime:
         for informer in (*self.informers.values(), self.pod_views):
             informer.on_gap = self._relist_all
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
+        # One mapping shared by the controller (read at every sync), the charge verifier and
+        # the dynamic kinds (which add and remove the stores of count/ resources at run time).
+        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
+        self.stores: dict[GroupResource, Store[Any]] = {
+            gr: self.informers[gr].store for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS)
+        }
+        # Asks the API, past a charge's deadline, whether its object was stored; on the
+        # dedicated client (bounded by its own concurrency), so that no question waits behind
+        # the controllers' requests and runs out of time.
+        self.charge_verifier = KubeChargeVerifier(
+            self.dedicated_api,
+            timeout=settings.charge_confirm_timeout,
+            version_of=self._served_version,
+            stores=self.stores,
+        )
         # Admission's charges until their objects reach the caches (confirmed) or the timeout
         # passes (released: the quotas are recalculated). Every replica keeps its own; with
         # leader election the leader also holds the raises of usage the others write
         # (KubeQuotaAccessor).
-        self.charges = ChargeLedger(settings.charge_confirm_timeout, metrics=self.metrics)
+        self.charges = ChargeLedger(
+            settings.charge_confirm_timeout,
+            metrics=self.metrics,
+            recalculate=self._recalculate,
+            verify=self.charge_verifier.verify,
+        )
         self.metrics.watch_charges(self.charges.oldest_age)
         self.accessor = KubeQuotaAccessor(
             self.quotas,
@@ -248,12 +267,6 @@ class Runtime:
         self.cluster_quota_writer = KubeClusterQuotaWriter(
             self.dedicated_api, tracker=self.accessor, controller_api=api
         )
-        # One mapping shared by the controller (read at every sync) and the dynamic kinds
-        # (which add and remove the stores of count/ resources at run time).
-        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
-        self.stores: dict[GroupResource, Store[Any]] = {
-            gr: self.informers[gr].store for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS)
-        }
         self.controller = ResourceQuotaController(
             self.registry,
             self.quotas,
@@ -292,10 +305,6 @@ class Runtime:
             self.informers[CLUSTER_QUOTAS].store,
             self.cluster_quota_writer,
         )
-        self.charges.recalculate = self._recalculate
-        self.charges.verify = self._verify_charges
-        self._verifying: set[asyncio.Task[None]] = set()
-        self._verify_slots = asyncio.Semaphore(VERIFY_CONCURRENCY)
         self.admission = QuotaEvaluator(
             self.accessor,
             self.registry,
@@ -503,60 +512,14 @@ class Runtime:
             charges=self.charges,
         )
 
-    def _verify_charges(self, charges: list[Charge]) -> None:
-        """Ask the API whether the objects of charges past their deadline were stored (the
-        ledger holds them meanwhile): the caches may only be behind."""
-        for charge in charges:
-            task = asyncio.get_running_loop().create_task(self._verify_charge(charge))
-            self._verifying.add(task)
-            task.add_done_callback(self._verifying.discard)
-
-    async def _verify_charge(self, charge: Charge) -> None:
-        ref = charge.ref
-        path = self._object_path(ref) if ref is not None else None
-        if path is None:
-            self.charges.verified(charge, False)  # a kind no longer watched: nothing to hold
-            return
-        async with self._verify_slots:
-            try:
-                stored = await rest.get_json(self.api, path)
-            except client.ApiException as error:
-                if error.status == 404:
-                    self.charges.verified(charge, False)
-                    return
-                logger.warning("charges: could not read %s (%s); held on", path, error.reason)
-                return  # unknown: held on, asked again at the next deadline
-            except Exception as error:  # a connection error, a timeout
-                logger.warning("charges: could not read %s (%s); held on", path, error)
-                return
-        metadata = stored.get("metadata") or {}
-        uid, version = metadata.get("uid"), metadata.get("resourceVersion")
-        same = not charge.uid or uid == charge.uid
-        # An update's try is stored, or superseded, once the object moved past the version it
-        # replaced; the caches then confirm the charge when they reach that version. If they
-        # hold that version already, the try was superseded (the API server judged it, then
-        # tried again against another write, and a later try or a refusal followed): given back.
-        moved = not charge.replaces or version != charge.replaces
-        if same and moved and charge.replaces and ref is not None:
-            store = self.stores.get(ref.group_resource)
-            entry = store.entry(ref.namespace, ref.name) if store is not None else None
-            if entry is not None and entry.uid == uid and entry.resource_version == version:
-                moved = False
-        self.charges.verified(charge, same and moved)
-
-    def _object_path(self, ref: ObjectRef) -> str | None:
-        gr = ref.group_resource
+    def _served_version(self, gr: GroupResource) -> str | None:
+        """The API version tally reads ``gr`` at (core kinds: v1); None for a kind no longer
+        watched."""
         if not gr.group:
-            version: str | None = "v1"
-        elif gr in OWN_KINDS:
-            version = OWN_KINDS[gr]
-        else:
-            version = self.dynamic.version(gr)
-        if version is None:
-            return None
-        return rest.collection_path(gr.group, version, gr.resource, ref.namespace) + (
-            f"/{ref.name}"
-        )
+            return "v1"
+        if gr in OWN_KINDS:
+            return OWN_KINDS[gr]
+        return self.dynamic.version(gr)
 
     def _recalculate(self, keys: Iterable[tuple[str, str]]) -> None:
         """Quotas whose held charges were released (or whose late object arrived)."""
@@ -619,10 +582,8 @@ class Runtime:
                 evaluators=self.registry.list,
                 failure_policy=settings.webhook_failure_policy,
                 core_always=self.enforces_resource_quotas,
-                exempt_namespaces=[
-                    *DEFAULT_EXEMPT_NAMESPACES,
-                    *([settings.namespace] if settings.namespace else []),
-                ],
+                exempt_namespaces=settings.webhook_exempt_namespaces,
+                watched_namespaces=settings.watched_namespaces,
             )
             # On every replica: each serves the webhook and follows the certificate (renewals
             # are compare-and-swap writes of the Secret). Publishing writes the configuration
@@ -644,6 +605,7 @@ class Runtime:
                 port=settings.webhook_port,
                 context=self.tls.context,
                 access_log=logger.isEnabledFor(logging.DEBUG),
+                limits=settings.webhook_limits,
             )
             await self.webhook_server.start()
         if settings.leader_election:
@@ -861,9 +823,7 @@ class Runtime:
             await self.elector.stop(release=True)
         await self.admission.stop()
         self.charges.stop()
-        for task in list(self._verifying):
-            task.cancel()
-        await asyncio.gather(*self._verifying, return_exceptions=True)
+        await self.charge_verifier.stop()
         await self.dynamic.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
@@ -897,13 +857,18 @@ class Runtime:
         if gr == PODS:
             self.pod_views.on_event(event_type, obj)
 
-    def creations_charged(self, gr: GroupResource) -> bool:
-        """Whether quota admission charges creations of ``gr`` now (the webhook is registered
-        with a rule for it, long enough for the API server to apply it). Where it does not —
-        before registration, with ``TALLY_WEBHOOK_ENABLED=false``, a ``count/`` rule just
-        added — the quota controller recalculates on every creation, or usage would miss
-        those objects until the next full resync and admission would let more in."""
-        return self.registrar is not None and self.registrar.charges_creations(gr)
+    def creations_charged(self, gr: GroupResource, namespace: str) -> bool:
+        """Whether quota admission charges creations of ``gr`` in ``namespace`` now (the
+        webhook is registered with a rule for it, long enough for the API server to apply it,
+        and does not exempt the namespace). Where it does not — before registration, with
+        ``TALLY_WEBHOOK_ENABLED=false``, a ``count/`` rule just added, an exempt namespace —
+        the quota controller recalculates on every creation, or usage would miss those objects
+        until the next full resync and admission would let more in."""
+        return (
+            self.registrar is not None
+            and namespace not in self._exempt
+            and self.registrar.charges_creations(gr)
+        )
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""

@@ -16,7 +16,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tally.builtin_quota.decision import probe_namespace
 from tally.machinery import leaderelection
+from tally.webhook import limits
 from tally.webhook.certs import Policy
 from tally.webhook.configuration import (
     DEFAULT_EXEMPT_NAMESPACES,
@@ -146,10 +148,54 @@ class Settings(BaseModel):
     """``TALLY_WEBHOOK_REMOVE_ON_EXIT``: delete the configuration on a graceful exit. Right for
     local development (a dead fail-closed webhook blocks every pod create); set false in a
     cluster, where refusing creates while tally is down is what keeps quotas limits."""
+    webhook_max_body_bytes: int = Field(default=limits.MAX_BODY_BYTES, ge=64 * 1024, le=1 << 30)
+    """``TALLY_WEBHOOK_MAX_BODY_BYTES``: largest review body the webhook server reads; past it
+    a 413 naming the limit (7 MiB: an UPDATE's two objects of etcd's 1.5 MiB each, as JSON, and
+    the envelope; see :mod:`tally.webhook.limits`)."""
+    webhook_body_budget_bytes: int = Field(
+        default=limits.BODY_BUDGET_BYTES, ge=64 * 1024, le=1 << 34
+    )
+    """``TALLY_WEBHOOK_BODY_BUDGET_BYTES``: body bytes of all reviews being read, parsed or
+    judged at once; past it a 429 (the API server sends the review again a second later). At
+    least ``TALLY_WEBHOOK_MAX_BODY_BYTES``; bounds the memory reviews hold (the formula in
+    :mod:`tally.webhook.limits`)."""
+    webhook_max_reviews_in_flight: int = Field(
+        default=limits.MAX_REVIEWS_IN_FLIGHT, ge=1, le=100_000
+    )
+    """``TALLY_WEBHOOK_MAX_REVIEWS_IN_FLIGHT``: reviews being read, parsed or judged at once;
+    past it a 429 (200: kube-apiserver's default ``--max-mutating-requests-inflight``)."""
+    webhook_max_connections: int = Field(default=limits.MAX_CONNECTIONS, ge=1, le=100_000)
+    """``TALLY_WEBHOOK_MAX_CONNECTIONS``: open webhook connections, TLS handshakes included
+    (~270 KiB each); past it the longest idle one is closed, or the new one when every one is
+    serving a request."""
+    webhook_tls_handshake_timeout: float = Field(
+        default=limits.TLS_HANDSHAKE_TIMEOUT_S, gt=0, le=300
+    )
+    """``TALLY_WEBHOOK_TLS_HANDSHAKE_TIMEOUT``: seconds from a connection's accept to the end
+    of its TLS handshake."""
+    webhook_header_timeout: float = Field(default=limits.HEADER_TIMEOUT_S, gt=0, le=300)
+    """``TALLY_WEBHOOK_HEADER_TIMEOUT``: seconds from a request's first byte to the end of its
+    head."""
+    webhook_body_timeout: float = Field(default=limits.BODY_TIMEOUT_S, gt=0, le=300)
+    """``TALLY_WEBHOOK_BODY_TIMEOUT``: seconds from the end of a request's head to the end of
+    its body (then a 408), and to write its response."""
+    webhook_keepalive_timeout: float = Field(default=limits.KEEPALIVE_TIMEOUT_S, gt=0, le=3600)
+    """``TALLY_WEBHOOK_KEEPALIVE_TIMEOUT``: seconds a connection may wait for its next request
+    (or its first). Keep it above the 90 s the API server keeps an idle webhook connection, so
+    that the API server always closes first (a server closing under a request it is writing
+    fails that request)."""
     namespace: str = ""
-    """``TALLY_NAMESPACE``: the operator's own namespace, exempt from the webhook like
-    kube-system (so tally's own pods can always be created). The start-up probe for the
-    built-in quota system runs there (in kube-system when unset)."""
+    """``TALLY_NAMESPACE``: the operator's own namespace, always exempt from the webhook (so
+    tally's own pods can always be created). The start-up probe for the built-in quota system
+    runs there (in kube-system when unset)."""
+    exempt_namespaces: str = ",".join(DEFAULT_EXEMPT_NAMESPACES)
+    """``TALLY_EXEMPT_NAMESPACES``: comma-separated namespaces the quota and PodSet webhooks
+    never see (besides ``TALLY_NAMESPACE``): nothing there is judged or charged, and nothing
+    there fails while no tally replica answers. For what the cluster and tally need to run: the
+    add-ons (the CNI and other node agents, cert-manager) must be able to create pods while
+    tally is down, or a new node never becomes Ready, for tally's pods either. Empty: only
+    ``TALLY_NAMESPACE``; kube-system must stay exempt while ``TALLY_NAMESPACE`` is unset (the
+    start-up probe runs there)."""
     allow_builtin_quota: bool = False
     """``TALLY_ALLOW_BUILTIN_QUOTA``: start even when the start-up probe sees upstream's own
     quota admission plugin or controller on (logged as a warning). Off: tally refuses to start
@@ -186,7 +232,7 @@ class Settings(BaseModel):
     admission_config: str = ""
     """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
 
-    @field_validator("namespaces", "namespace")
+    @field_validator("namespaces", "namespace", "exempt_namespaces")
     @classmethod
     def _valid_namespaces(cls, value: str) -> str:
         for name in (part.strip() for part in value.split(",")):
@@ -275,7 +321,7 @@ class Settings(BaseModel):
                 "is trusted"
             )
         secret = self.webhook_cert_secret_ref
-        exempt = (*DEFAULT_EXEMPT_NAMESPACES, *([self.namespace] if self.namespace else []))
+        exempt = self.webhook_exempt_namespaces
         if secret is not None and secret[0] not in exempt:
             # tally writes the Secret through the API server, which asks tally's own webhook
             # about Secret writes in every other namespace: with a broken certificate, tally
@@ -283,9 +329,38 @@ class Settings(BaseModel):
             raise ValueError(
                 f"TALLY_WEBHOOK_CERT_SECRET={self.webhook_cert_secret!r}: the Secret must be "
                 f"in a namespace tally's webhook exempts ({', '.join(exempt)}; set "
-                "TALLY_NAMESPACE), or a broken certificate could not be replaced"
+                "TALLY_NAMESPACE or TALLY_EXEMPT_NAMESPACES), or a broken certificate could "
+                "not be replaced"
             )
         return self
+
+    @model_validator(mode="after")
+    def _exempt_namespaces_work(self) -> Settings:
+        exempt = self.webhook_exempt_namespaces
+        probed = probe_namespace(self.namespace)
+        if probed not in exempt:
+            # The built-in quota probe creates a quota there: a tally webhook (an earlier
+            # run's, dead or alive) must not stand between it and the built-in plugin.
+            raise ValueError(
+                f"TALLY_EXEMPT_NAMESPACES={self.exempt_namespaces!r}: {probed} must stay "
+                "exempt while TALLY_NAMESPACE is unset (the start-up probe runs there)"
+            )
+        watched = self.watched_namespaces
+        if watched and watched <= set(exempt):
+            raise ValueError(
+                f"TALLY_NAMESPACES={self.namespaces!r}: every namespace tally manages is exempt "
+                f"from its webhook ({', '.join(exempt)}), so nothing would be judged"
+            )
+        return self
+
+    @property
+    def webhook_exempt_namespaces(self) -> tuple[str, ...]:
+        """The namespaces the quota and PodSet webhooks skip: ``TALLY_EXEMPT_NAMESPACES`` and
+        ``TALLY_NAMESPACE``, sorted."""
+        names = {p.strip() for p in self.exempt_namespaces.split(",") if p.strip()}
+        if self.namespace:
+            names.add(self.namespace)
+        return tuple(sorted(names))
 
     @property
     def webhook_cert_secret_ref(self) -> tuple[str, str] | None:
@@ -302,6 +377,30 @@ class Settings(BaseModel):
             ca_validity=datetime.timedelta(seconds=self.webhook_ca_validity),
             renew_fraction=self.webhook_cert_renew_fraction,
             ca_overlap=datetime.timedelta(seconds=self.webhook_ca_overlap),
+        )
+
+    @model_validator(mode="after")
+    def _webhook_budget_holds_a_body(self) -> Settings:
+        if self.webhook_body_budget_bytes < self.webhook_max_body_bytes:
+            raise ValueError(
+                f"TALLY_WEBHOOK_BODY_BUDGET_BYTES={self.webhook_body_budget_bytes} must be at "
+                f"least TALLY_WEBHOOK_MAX_BODY_BYTES={self.webhook_max_body_bytes}, or a body "
+                "of the largest size could never be read"
+            )
+        return self
+
+    @property
+    def webhook_limits(self) -> limits.WebhookLimits:
+        """What the webhook server may hold, and how long its peers may take."""
+        return limits.WebhookLimits(
+            max_body_bytes=self.webhook_max_body_bytes,
+            body_budget_bytes=self.webhook_body_budget_bytes,
+            max_reviews_in_flight=self.webhook_max_reviews_in_flight,
+            max_connections=self.webhook_max_connections,
+            tls_handshake_timeout=self.webhook_tls_handshake_timeout,
+            header_timeout=self.webhook_header_timeout,
+            body_timeout=self.webhook_body_timeout,
+            keepalive_timeout=self.webhook_keepalive_timeout,
         )
 
     @property

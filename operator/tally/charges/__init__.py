@@ -8,7 +8,8 @@ package keeps, per charge, what was charged to which quota, until either
 
 * the object shows up in tally's caches (*confirmed*: from then on the caches count it), or
 * the confirmation timeout passes (*released*: the quotas it charged are recalculated from the
-  caches at once, and the charge no longer holds their usage up).
+  caches at once, and the charge no longer holds their usage up), once the API, asked whether
+  the object was stored, says it was not, or cannot say (:mod:`tally.charges.verification`).
 
 Until then a pending charge *holds* its quotas' usage: a recalculation may not lower a value
 below what the caches count plus the pending charges (see
@@ -16,10 +17,12 @@ below what the caches count plus the pending charges (see
 admission's write of a quota's status is in flight, that quota's recalculation waits for it
 (:meth:`ChargeLedger.defer_sync`).
 
-Owns: :class:`ChargeLedger` and its expiry loop, and :class:`FirstSyncs` (quotas whose first
+Owns: :class:`ChargeLedger` and its expiry loop, what the API's answer about a charge's object
+means (:mod:`~tally.charges.verification`), and :class:`FirstSyncs` (quotas whose first
 status was just written, which creations admitted before it may still reach). Imports only the
 pure core (resource lists, group/resources); admission records charges, the informers' handlers
-confirm them and the quota controller reads what they hold, each through this package.
+confirm them, the quota controller reads what they hold and the verifier
+(:mod:`tally.kube.charge_verifier`) answers the ledger's questions, each through this package.
 """
 
 from tally.charges.first_syncs import FirstSyncs
@@ -32,22 +35,29 @@ from tally.charges.ledger import (
     ObjectRef,
     QuotaKey,
     ReleaseReason,
+    Verify,
     cluster_quota_key,
     cluster_quota_of,
     hold_pending,
     sync_key,
 )
+from tally.charges.verification import Answer, Listed, ObjectVersion, Unanswered
 
 __all__ = [
     "CLUSTER_QUOTA_KEY_PREFIX",
+    "Answer",
     "Charge",
     "ChargeLedger",
     "ChargeMetrics",
     "FirstSyncs",
+    "Listed",
     "NoopChargeMetrics",
     "ObjectRef",
+    "ObjectVersion",
     "QuotaKey",
     "ReleaseReason",
+    "Unanswered",
+    "Verify",
     "cluster_quota_key",
     "cluster_quota_of",
     "hold_pending",

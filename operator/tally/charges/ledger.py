@@ -12,18 +12,31 @@ object is seen in a cache:
   again, judged and charged anew); its quotas are then recalculated, which gives back the
   charge of a try that was never stored.
 
+One observation confirms one CREATE charge per object: where it confirms more (one request
+judged twice, say a webhook call the API server retried), the others charged the object a
+second time and are released as *duplicate*, their quotas recalculated at once, as for an
+UPDATE.
+
 A charge not confirmed ``timeout`` seconds after admission answered is *released*: it stops
-holding usage, and its quotas are recalculated at once (``recalculate``). With a ``verify``
-function (the operator sets one), the API is asked first whether the object was stored: if it
-was, the caches are only behind (a loaded tally sees events seconds late) and the charge is
-held on, asked about again one timeout later; only a charge whose object was never stored (or
-is gone) is released. Without that, a release during such lag would lower usage below what
-exists and admit past the limit. The timeout must
+holding usage, and its quotas are recalculated at once (``recalculate``). The timeout must
 cover the time from tally's answer to the object's watch event for every create that succeeds:
 the other validating webhooks still deciding, the write to etcd, the watch. A create that takes
 longer is counted late, which lets admission admit past the limit meanwhile; such a *late*
 object triggers a recalculation and the ``late`` metric, so the status is right again as soon
 as it is seen and the operator learns that the timeout is too short.
+
+With a ``verify`` function (the operator sets one), the API is asked first whether the object
+was stored (:mod:`tally.charges.verification`): if it was, the caches are only behind (a
+loaded tally sees events seconds late) and the charge is held on, asked about again one
+timeout later; a charge whose object was never stored (or is gone) is released. Without that,
+a release during such lag would lower usage below what exists and admit past the limit. No
+charge is held without bound on a question that cannot be answered: one the API refuses (401,
+403) is released at once, one left unanswered (timeouts, 5xx) after
+:data:`~tally.charges.verification.MAX_UNANSWERED` questions in a row, both as *unverified*,
+with a log line naming the object and the error. A CREATE charge whose review carried no uid
+(the API server always sets one before validating admission: only a forged review lacks it)
+is never asked about, since any object of its name would answer "stored" at every deadline:
+it is released at its deadline, confirmed until then by any object of its name.
 
 While admission's status write of a quota is in flight, a recalculation of that quota is
 *deferred* until the write has landed or failed (:meth:`defer_sync`), then run
@@ -47,7 +60,9 @@ amounts are dropped (:meth:`forget_quota`).
 
 Pure and single-threaded (one event loop); time comes from an injectable monotonic clock. The
 expiry timer is the running loop's ``call_later``, armed only after :meth:`start`, so tests
-drive :meth:`expire` with a fake clock.
+drive :meth:`expire` with a fake clock. Leaves out the question to the API (the ``verify``
+function: :mod:`tally.kube.charge_verifier` in the operator) and what its answer means
+(:mod:`tally.charges.verification`).
 """
 
 from __future__ import annotations
@@ -55,16 +70,27 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
+from tally.charges.verification import (
+    MAX_UNANSWERED,
+    Answer,
+    Unanswered,
+    Verdict,
+    decide,
+    describe_unanswered,
+)
 from tally.evaluators.base import GroupResource
 from tally.quota import resources as quota
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
+
+logger = logging.getLogger(__name__)
 
 QuotaKey = tuple[str, str]
 """(namespace, name) of a ResourceQuota; ``(namespace, "clusterquota:<name>")`` for a
@@ -123,6 +149,12 @@ class ReleaseReason(enum.Enum):
     failed, or a hold of another replica's charge ran out)."""
     REFUSED = "refused"
     """tally refused the request itself after its charge was written."""
+    UNVERIFIED = "unverified"
+    """The API could not be asked whether the object was stored: it refused the question (401,
+    403: a right missing) or left it unanswered too many times in a row."""
+    DUPLICATE = "duplicate"
+    """Another CREATE charge for the same object was confirmed by the same observation: the
+    request was judged (and charged) twice."""
 
 
 @dataclass(eq=False, slots=True)
@@ -140,6 +172,16 @@ class Charge:
     at: float
     """Monotonic time admission answered (or the hold was seen)."""
     deadline: float
+    asking: bool = False
+    """A question about it is out to the API (one at a time); only its answer counts."""
+    unanswered: int = 0
+    """Questions about it in a row that got no answer (reset by a "stored" answer)."""
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether the API can tell if its object was stored: a hold has no object, and a
+        CREATE without a uid would be answered by any object of its name."""
+        return self.ref is not None and bool(self.uid or self.replaces)
 
     def confirmed_by(self, uid: str, resource_version: str) -> bool:
         if self.uid and uid != self.uid:
@@ -177,6 +219,13 @@ class NoopChargeMetrics:
 _: type[ChargeMetrics] = NoopChargeMetrics
 
 
+class Verify(Protocol):
+    """Asks the API whether the objects of ``charges`` were stored, and gives each answer to
+    ``answer`` (on the ledger's loop, once per charge, within one timeout)."""
+
+    def __call__(self, charges: list[Charge], answer: Callable[[Charge, Answer], None]) -> None: ...
+
+
 class ChargeLedger:
     """Pending charges by object and by quota, in deadline order (see module doc)."""
 
@@ -186,17 +235,20 @@ class ChargeLedger:
         *,
         clock: Callable[[], float] = time.monotonic,
         metrics: ChargeMetrics | None = None,
+        recalculate: Callable[[Iterable[QuotaKey]], None] | None = None,
+        verify: Verify | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.timeout = timeout
         self._clock = clock
         self.metrics: ChargeMetrics = metrics if metrics is not None else NoopChargeMetrics()
-        self.recalculate: Callable[[Iterable[QuotaKey]], None] = lambda _: None
+        self.recalculate: Callable[[Iterable[QuotaKey]], None] = recalculate or (lambda _: None)
         """Called with the quotas whose usage a release (or a late object) changed."""
-        self.verify: Callable[[list[Charge]], None] | None = None
+        self.verify: Verify | None = verify
         """Asks the API whether the objects of charges past their deadline were stored, and
-        answers each with :meth:`verified`; None releases them unasked (see :meth:`expire`)."""
+        answers each through :meth:`verified`; None releases them unasked (see
+        :meth:`expire`)."""
         self._seq = itertools.count()
         # Invariant: a charge is in _pending exactly while it is in _by_object (if it has an
         # object) and in _by_quota under each of its amounts' quotas. Every charge has the
@@ -372,21 +424,39 @@ class ChargeLedger:
         """
         pending = self._by_object.get(ref)
         updated: set[QuotaKey] = set()
+        created: list[Charge] = []
         if pending:
             now = self._clock()
             for seq, charge in list(pending.items()):
-                if charge.confirmed_by(uid, resource_version):
-                    self._remove(seq, charge)
+                if not charge.confirmed_by(uid, resource_version):
+                    continue
+                self._remove(seq, charge)
+                if charge.replaces:
+                    # The API server judges every try of an update: one that lost its own
+                    # compare-and-swap to another writer (a controller's status write) is
+                    # tried again against that write, and admitted and charged again. Only the
+                    # last try is stored; the event that confirms the earlier one does not
+                    # contain it, so the status holds a charge nothing uses. Recalculating now
+                    # (the caches, plus the charges still pending: the later try's) gives it
+                    # back at once instead of at the next resync.
                     self.metrics.charge_confirmed(now - charge.at)
-                    if charge.replaces:
-                        updated.update(charge.amounts)
+                    updated.update(charge.amounts)
+                elif not created:
+                    self.metrics.charge_confirmed(now - charge.at)
+                    created.append(charge)
+                else:
+                    # One object, one create: a second CREATE charge confirmed by this same
+                    # object is one request judged twice (a webhook call answered twice), and
+                    # both charges are in the status. Nothing else recalculates (a charged
+                    # creation replenishes nothing), so without this the quota would stay one
+                    # object too high until the next full resync.
+                    self.metrics.charge_released(ReleaseReason.DUPLICATE.value)
+                    created.append(charge)
+        if len(created) > 1:
+            # Which one is "the" object's charge is unknowable and does not matter: the
+            # recalculation counts the object once, from the caches that now hold it.
+            updated.update(key for charge in created for key in charge.amounts)
         if updated:
-            # The API server judges every try of an update: one that lost its own
-            # compare-and-swap to another writer (a controller's status write) is tried again
-            # against that write, and admitted and charged again. Only the last try is stored;
-            # the event that confirms the earlier one does not contain it, so the status holds
-            # a charge nothing uses. Recalculating now (the caches, plus the charges still
-            # pending: the later try's) gives it back at once instead of at the next resync.
             self.recalculate(updated)
         released = self._released.get(ref)
         if released:
@@ -414,16 +484,32 @@ class ChargeLedger:
             if charge.deadline > now:
                 break
             self._remove(seq, charge)
-            if self.verify is not None and charge.ref is not None:
-                # The caches may only be slow (a loaded tally sees events seconds late):
-                # releasing now would lower usage below what exists. Held one more timeout
-                # while the API is asked (re-added last: deadline order holds).
+            if self.verify is None or not charge.verifiable:
+                self._release(charge, now, ReleaseReason.UNCONFIRMED)
+                keys.update(charge.amounts)
+                continue
+            if charge.asking:
+                # The question asked at the last deadline is still out a whole timeout later
+                # (the verifier gives up well before: only a stalled loop, or a verifier that
+                # lost it, gets here). Written off as unanswered and its late answer ignored,
+                # so that not even a verifier that never answers holds a charge without
+                # bound; the next deadline asks again (one question out at a time).
+                charge.asking = False
+                charge.unanswered += 1
+                if charge.unanswered >= MAX_UNANSWERED:
+                    self._release_unverified(charge, now, "no answer within the timeout")
+                    keys.update(charge.amounts)
+                    continue
                 charge.deadline = now + self.timeout
                 self._add(charge)
-                to_verify.append(charge)
                 continue
-            self._release(charge, now)
-            keys.update(charge.amounts)
+            # The caches may only be slow (a loaded tally sees events seconds late):
+            # releasing now would lower usage below what exists. Held one more timeout
+            # while the API is asked (re-added last: deadline order holds).
+            charge.deadline = now + self.timeout
+            charge.asking = True
+            self._add(charge)
+            to_verify.append(charge)
         while self._released_order and self._released_order[0][0] <= now:
             _, ref, charge = self._released_order.popleft()
             remaining = [c for c in self._released.get(ref, []) if c is not charge]
@@ -434,28 +520,59 @@ class ChargeLedger:
         if keys:
             self.recalculate(sorted(keys))
         if to_verify and self.verify is not None:
-            self.verify(to_verify)
+            self.verify(to_verify, self.verified)
         return sorted(keys)
 
-    def _release(self, charge: Charge, now: float) -> None:
+    def _release(self, charge: Charge, now: float, reason: ReleaseReason) -> None:
         """``charge`` (already out of the indexes) holds nothing any more; its object, if it
         shows up within one more timeout, is late."""
-        self.metrics.charge_released(ReleaseReason.UNCONFIRMED.value)
+        self.metrics.charge_released(reason.value)
         if charge.ref is not None:
             self._released.setdefault(charge.ref, []).append(charge)
             self._released_order.append((now + self.timeout, charge.ref, charge))
 
-    def verified(self, charge: Charge, stored: bool) -> None:
-        """The API's answer for a charge :meth:`expire` asked about: its object was stored
-        (held on, until the caches show it or the next deadline asks again), or not (released
-        now, its quotas recalculated)."""
-        if stored:
-            return
+    def _release_unverified(self, charge: Charge, now: float, error: str) -> None:
+        logger.warning(
+            "charges: could not ask the API whether %s was stored (%s); its charge on %s "
+            "released unverified",
+            _object_of(charge), error, ", ".join("/".join(key) for key in sorted(charge.amounts)),
+        )  # fmt: skip
+        self._release(charge, now, ReleaseReason.UNVERIFIED)
+
+    def verified(self, charge: Charge, answer: Answer) -> None:
+        """The API's answer for a charge :meth:`expire` asked about (see
+        :func:`~tally.charges.verification.decide`): its object was stored (held on, until the
+        caches show it or the next deadline asks again), or not (released now, its quotas
+        recalculated); no answer: asked again at the next deadline, or released as unverified
+        (at once for a refusal, after :data:`~tally.charges.verification.MAX_UNANSWERED` in a
+        row otherwise)."""
         seq = self._seq_of(charge)
-        if seq is None:
-            return  # confirmed meanwhile
-        self._remove(seq, charge)
-        self._release(charge, self._clock())
+        if seq is None or not charge.asking:
+            return  # confirmed (or released) meanwhile, or written off as unanswered
+        charge.asking = False
+        verdict = decide(charge.uid, charge.replaces, answer)
+        if verdict is Verdict.STORED:
+            # The bound is on questions unanswered in a row: this answer says the object
+            # exists, so holding on is right and the count starts again.
+            charge.unanswered = 0
+            return
+        if verdict is not Verdict.NOT_STORED and isinstance(answer, Unanswered):
+            resource = str(charge.ref.group_resource) if charge.ref is not None else ""
+            error = describe_unanswered(resource, answer)
+            if verdict is Verdict.UNANSWERED:
+                charge.unanswered += 1
+                if charge.unanswered < MAX_UNANSWERED:
+                    logger.warning(
+                        "charges: could not ask the API whether %s was stored (%s); held on, "
+                        "asked again at its next deadline (%d of %d)",
+                        _object_of(charge), error, charge.unanswered, MAX_UNANSWERED,
+                    )  # fmt: skip
+                    return
+            self._remove(seq, charge)
+            self._release_unverified(charge, self._clock(), error)
+        else:
+            self._remove(seq, charge)
+            self._release(charge, self._clock(), ReleaseReason.UNCONFIRMED)
         self.recalculate(sorted(charge.amounts))
 
     def forget_quota(self, key: QuotaKey) -> None:
@@ -517,6 +634,12 @@ def hold_pending(
         if previous is not None and extra is not None and value < previous:
             result[name] = min(previous, value + extra)
     return result
+
+
+def _object_of(charge: Charge) -> str:
+    """How log lines name a charge's object: ``pods team-a/web-1``."""
+    ref = charge.ref
+    return "a hold" if ref is None else f"{ref.group_resource} {ref.namespace}/{ref.name}"
 
 
 K = TypeVar("K")

@@ -25,6 +25,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
 from tally.machinery.selectors import Operator, Requirement, SelectorError, requirement
@@ -36,6 +37,7 @@ __all__ = [
     "ConstraintError",
     "Evaluator",
     "GroupResource",
+    "HandledOperations",
     "NoScopes",
     "Obj",
     "ObjectError",
@@ -47,6 +49,7 @@ __all__ = [
     "get_list",
     "get_mapping",
     "get_str",
+    "handled",
     "matches_quota",
     "matching_scopes",
     "object_count_resource_name",
@@ -109,6 +112,25 @@ class Operation(enum.StrEnum):
     UPDATE = "UPDATE"
     DELETE = "DELETE"
     CONNECT = "CONNECT"
+
+
+HandledOperations: TypeAlias = Mapping[str, frozenset[Operation]]
+"""Every request an evaluator's :meth:`Evaluator.handles` can answer yes to: per subresource
+(``""`` for the object itself), the admission operations. ``handles`` may still say no to some
+of them (the pod evaluator takes an update only when it changes whether the pod is
+Terminating), never yes to anything else. Admission sees only what the webhook's rules send,
+and the rules are built from this (:mod:`tally.webhook.configuration`): a kind whose evaluator
+handles creations only (every object count) gets no UPDATE rule."""
+
+
+def handled(
+    operations: Iterable[Operation], /, **subresources: Iterable[Operation]
+) -> HandledOperations:
+    """A read-only :data:`HandledOperations`: ``operations`` on the object itself, and per
+    subresource (``resize=[Operation.UPDATE]``)."""
+    return MappingProxyType(
+        {"": frozenset(operations)} | {name: frozenset(ops) for name, ops in subresources.items()}
+    )
 
 
 class ScopeName(enum.StrEnum):
@@ -260,6 +282,11 @@ class Evaluator(Protocol):
 
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         """Whether an admission request can change usage and so must be checked."""
+        ...
+
+    @property
+    def handled_operations(self) -> HandledOperations:
+        """What :meth:`handles` can say yes to, declared for the webhook's rules."""
         ...
 
     def matches(self, quota: Obj, obj: Any) -> bool:

@@ -79,6 +79,10 @@ class ObjectCountEvaluator(base.NoScopes):
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """No constraints for object counts."""
 
+    handled_operations: Final = base.handled([Operation.CREATE])
+    """Creations only: an update never changes a count (so a ``count/`` kind, a ConfigMap or
+    a Secret gets no UPDATE rule)."""
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         return operation == Operation.CREATE and subresource == ""
 

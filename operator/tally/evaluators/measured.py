@@ -110,6 +110,8 @@ class MeasuredEvaluator(base.NoScopes):
         if failures:
             raise ConstraintError("; ".join(failures))
 
+    handled_operations: Final = base.handled([Operation.CREATE, Operation.UPDATE])
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         """CREATE and UPDATE of the object itself (an update by what it grows)."""
         return subresource == "" and operation in (Operation.CREATE, Operation.UPDATE)

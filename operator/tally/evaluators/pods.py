@@ -690,6 +690,12 @@ class PodEvaluator:
             parts = [f"{name} for: {','.join(sorted(missing[name]))}" for name in sorted(missing)]
             raise ConstraintError("must specify " + "; ".join(parts))
 
+    handled_operations: Final = base.handled(
+        [Operation.CREATE, Operation.UPDATE], resize=[Operation.UPDATE]
+    )
+    """UPDATE of the pod itself although :meth:`handles` takes only one that changes whether
+    the pod is Terminating: a webhook rule cannot say that, so every pod update is sent."""
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         """CREATE; UPDATE when Terminating-ness changes; UPDATE of the ``resize`` subresource."""
         if subresource == "":

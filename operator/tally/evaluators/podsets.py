@@ -84,8 +84,11 @@ def scaled(podset: Obj, scale: Obj) -> dict[str, Any]:
 class PodSetEvaluator(base.NoScopes):
     """Measures PodSets: ``count/podsets.tally.dev`` and the ``podsets.tally.dev/`` names."""
 
-    charged_subresources: Final = (SCALE,)
-    """Subresources whose writes change usage: admission rules must cover them."""
+    handled_operations: Final = base.handled(
+        [Operation.CREATE, Operation.UPDATE], scale=[Operation.UPDATE]
+    )
+    """The ``scale`` subresource too: ``kubectl scale`` writes it, and a scale-up past a
+    PodSet measure's limit must reach admission."""
 
     def __init__(self) -> None:
         # Only for which names exist; usage comes from project_pod, which has no clock.

@@ -163,6 +163,13 @@ class PersistentVolumeClaimEvaluator:
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """No constraints for claims."""
 
+    handled_operations: Final = base.handled(
+        [Operation.CREATE, Operation.UPDATE], status=[Operation.UPDATE]
+    )
+    """``status`` as :meth:`handles` takes it. The webhook's rules route no ``/status``
+    subresource (:mod:`tally.webhook.configuration` says why), so admission never sees one and
+    a status write's change of usage is counted by the next recalculation."""
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         if subresource == "":
             return operation in (Operation.CREATE, Operation.UPDATE)

@@ -171,6 +171,10 @@ class ResourceClaimEvaluator(base.NoScopes):
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """No constraints for resource claims."""
 
+    handled_operations: Final = base.handled([Operation.CREATE, Operation.UPDATE])
+    """Upstream's ``Handles`` takes updates too, although a claim's spec is immutable: its
+    update never charges anything, and the rule costs a review per claim update."""
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         return subresource == "" and operation in (Operation.CREATE, Operation.UPDATE)
 

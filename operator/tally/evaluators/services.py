@@ -108,6 +108,8 @@ class ServiceEvaluator(base.NoScopes):
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """No constraints for services."""
 
+    handled_operations: Final = base.handled([Operation.CREATE, Operation.UPDATE])
+
     def handles(self, operation: str, subresource: str, old: Obj | None, new: Obj | None) -> bool:
         return subresource == "" and operation in (Operation.CREATE, Operation.UPDATE)
 

@@ -241,16 +241,26 @@ async def server_version(api: client.ApiClient) -> str:
     return str(info.git_version)
 
 
+METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""The ``Accept`` of a LIST whose items carry their metadata only (the API server's
+``PartialObjectMetadataList`` view): every resource serves it, custom ones included."""
+
+
 async def get_json(
-    api: client.ApiClient, path: str, query: list[tuple[str, str]] | None = None
+    api: client.ApiClient,
+    path: str,
+    query: list[tuple[str, str]] | None = None,
+    *,
+    accept: str = "application/json",
 ) -> dict[str, Any]:
     """GET an API path and return the JSON as plain data (no model classes: caches keep
-    only projections, and the generated models cost far more memory and time)."""
+    only projections, and the generated models cost far more memory and time). ``accept``:
+    another view of the same answer (:data:`METADATA_LIST`)."""
     data = await api.call_api(
         path,
         "GET",
         query_params=query or [],
-        header_params={"Accept": "application/json"},
+        header_params={"Accept": accept},
         response_types_map={200: "object"},
         auth_settings=["BearerToken"],
         _return_http_data_only=True,

@@ -354,7 +354,7 @@ class DynamicKinds:
         *,
         watched: Collection[GroupResource],
         replenish: Replenish,
-        creations_charged: Callable[[GroupResource], bool] = lambda _: False,
+        creations_charged: Callable[[GroupResource, str], bool] = lambda _gr, _ns: False,
         charges: ChargeLedger | None = None,
         on_kind_synced: Callable[[GroupResource], None] | None = None,
         period: float = DISCOVERY_PERIOD_S,

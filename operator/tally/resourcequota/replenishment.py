@@ -4,8 +4,9 @@ Upstream's ``resource_quota_monitor.go`` owns the same rules: deletions, and the
 kind's evaluator says can lower usage (``requires_replenishment``), replenish every quota of
 the namespace that tracks something the evaluator measures. A creation concerns only quotas
 whose status admission could not read yet, or every quota while tally's webhook rules do not
-charge creations of the kind (``creations_charged`` false: before registration, with the
-webhook off, a ``count/`` rule just added), because then nothing charged it.
+charge creations of the kind in that namespace (``creations_charged`` false: before
+registration, with the webhook off, a ``count/`` rule just added, a namespace the webhook
+exempts), because then nothing charged it.
 
 Each object a change shows is also offered to the charge ledger (:mod:`tally.charges`), which
 confirms admission's charge for it: from then on the cache counts the object.
@@ -39,7 +40,7 @@ def replenisher(
     evaluator: Evaluator | None,
     store: Store[Any],
     *,
-    creations_charged: Callable[[GroupResource], bool],
+    creations_charged: Callable[[GroupResource, str], bool],
     charges: ChargeLedger | None = None,
 ) -> Callable[[Change[Any]], None]:
     """The handler of ``gr``'s cache changes (``store`` is the cache it watches).
@@ -60,7 +61,7 @@ def replenisher(
                 if entry is not None:
                     charges.observed(ref, entry.uid, entry.resource_version)
         if change.kind is ChangeKind.ADDED:
-            replenish(gr, namespace, unsynced_only=creations_charged(gr))
+            replenish(gr, namespace, unsynced_only=creations_charged(gr, namespace))
         elif (
             evaluator is not None
             and change.old is not None

@@ -1,6 +1,9 @@
 """Serving tally's admission webhooks and keeping the API server pointed at them.
 
 Owns :mod:`~tally.webhook.server` (AdmissionReview in, verdict out),
+:mod:`~tally.webhook.connections` (accepting connections: TLS, timeouts, the cap),
+:mod:`~tally.webhook.limits` (what the server may hold, and for how long),
+:mod:`~tally.webhook.answers` (a retried review answered once),
 :mod:`~tally.webhook.configuration` (the ValidatingWebhookConfiguration: rules, paths, the
 namespaceSelector), :mod:`~tally.webhook.registrar` (applies it and keeps it current),
 :mod:`~tally.webhook.certs` (making and judging certificates; pure) and

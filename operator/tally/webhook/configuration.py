@@ -7,19 +7,35 @@ fail-closed webhook on leases and events would hurt the whole cluster.
 
 The rules cover exactly what a quota can charge: the core kinds with evaluators or legacy object
 counts, plus every ``count/<resource>.<group>`` some quota names, and every other kind with a
-registered evaluator (resource claims) that measures a name some quota holds. They are
-recomputed as quotas change (:func:`count_resources`). Every webhook's client config points at
-``<url>/<handler-id>`` — or, in a cluster, at a Service (``service: {namespace, name, port,
-path: /<handler-id>}``; URL client configs naming Service DNS often fail, kopf#1071): a Kopf
-webhook path without a handler id runs no handler and allows everything.
+registered evaluator (resource claims, measured kinds) that measures a name some quota holds.
+They are recomputed as quotas change (:func:`count_resources`). Which operations and
+subresources of a kind are sent is what its evaluator declares it handles
+(:attr:`~tally.evaluators.base.Evaluator.handled_operations`, :func:`routes`), so an update
+reaches tally only where it can charge something: pods (``handles`` takes an update that changes
+whether the pod is Terminating; a rule cannot single those out, so every pod update is sent) and
+``pods/resize``, services, persistentvolumeclaims, PodSets
+and ``podsets/scale``, resource claims (upstream's evaluator takes their updates) and measured
+kinds; configmaps, secrets, replicationcontrollers, resourcequotas and every other ``count/``
+kind are sent creations only (an object count never changes on update). No ``/status``
+subresource is ever sent (:data:`NEVER_ROUTED_SUBRESOURCES`). Rules are grouped per API group
+and set of operations, so the configuration stays a handful of rules however many kinds.
+
+Every webhook's client config points at ``<url>/<handler-id>`` — or, in a cluster, at a Service
+(``service: {namespace, name, port, path: /<handler-id>}``; URL client configs naming Service
+DNS often fail): a Kopf webhook path without a handler id runs no handler and allows
+everything.
 
 Fixed fields, whatever the mode: failurePolicy ``Fail`` by default (a quota is a limit
 only if creation is refused when tally cannot judge it), sideEffects ``NoneOnDryRun`` (dry-run
 requests are judged and never written), timeoutSeconds 10 (upstream's own bound on quota
-evaluation), matchPolicy ``Equivalent``, and a namespaceSelector that exempts ``kube-system``
-and the operator's own namespace (so that tally can always be restarted).
+evaluation), matchPolicy ``Equivalent``. The namespaceSelector of the quota and PodSet webhooks
+(:func:`namespace_selector`) skips the exempt namespaces (``TALLY_EXEMPT_NAMESPACES``, kube-system
+by default, and the operator's own, so that tally and what it needs can always be restarted)
+and, when tally manages only some namespaces (``TALLY_NAMESPACES``), selects exactly those: a
+namespace tally does not manage neither pays for nor depends on its webhook. The ClusterQuota
+webhook judges cluster-scoped objects, which a namespaceSelector never skips.
 
-Pure: builds the object; :mod:`tally.app.handlers` applies it through the API.
+Pure: builds the object; :mod:`tally.webhook.registrar` applies it through the API.
 """
 
 from __future__ import annotations
@@ -28,8 +44,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
-from tally.evaluators.base import Evaluator, GroupResource
-from tally.evaluators.registry import group_resource_for_count_name
+from tally.evaluators.base import Evaluator, GroupResource, Operation
+from tally.evaluators.registry import group_resource_for_count_name, new_registry
 
 QUOTA_WEBHOOK_ID: Final = "quota"
 """The Kopf handler id, and so the last URL path segment of the webhook."""
@@ -59,7 +75,6 @@ CLUSTER_QUOTA_RULE: Final = {
 
 CORE_RESOURCES: Final = (
     "pods",
-    "pods/resize",  # an in-place resize is charged by its growth, as upstream charges it
     "services",
     "persistentvolumeclaims",
     "configmaps",
@@ -68,13 +83,37 @@ CORE_RESOURCES: Final = (
     "resourcequotas",
 )
 """Core kinds upstream's registry evaluates (pods, services, PVCs) or counts with a legacy
-alias. Never a ``/status`` subresource: tally's own quota status writes must not pass through
-tally's webhook."""
+alias: covered whatever the quotas name while tally enforces ResourceQuotas. Kinds only; which
+of their operations and subresources are sent is their evaluators' to say (:func:`routes`)."""
+
+NEVER_ROUTED_SUBRESOURCES: Final = frozenset({"status"})
+"""Subresources no rule names, whatever an evaluator handles (the PersistentVolumeClaim
+evaluator takes a claim's status writes: upstream's ``Handles`` looks at the operation only).
+A status write reports what a controller or the kubelet observed: refusing it would not undo
+what happened, only hide it, and would put tally on the path of every controller's status
+writes; and tally's own quota status writes (``resourcequotas/status``) must never pass
+through tally's webhook. What a status write changes in usage is counted by the
+recalculation it triggers."""
+
+ADMITTED_OPERATIONS: Final = (Operation.CREATE, Operation.UPDATE)
+"""The operations quota admission judges (upstream's plugin handles these two only)."""
+
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+"""The label the API server sets on every namespace to its name, which selectors can match."""
 
 TIMEOUT_SECONDS: Final = 10
 DEFAULT_EXEMPT_NAMESPACES: Final = ("kube-system",)
 DEFAULT_SERVICE_PORT: Final = 443
 _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class Route(NamedTuple):
+    """One kind of request the quota webhook's rules send to tally."""
+
+    group_resource: GroupResource
+    subresource: str
+    """``""`` for the object itself."""
+    operation: Operation
 
 
 class ServiceReference(NamedTuple):
@@ -140,51 +179,100 @@ def count_resources(
     return found
 
 
+def routes(
+    extra: Iterable[GroupResource],
+    *,
+    core_always: bool = True,
+    evaluators: Iterable[Evaluator] = (),
+) -> frozenset[Route]:
+    """Every request the quota webhook must send: for the core kinds (all of them, or with
+    ``core_always=False`` only those in ``extra``) and each kind of ``extra``, what its evaluator
+    handles (:attr:`~tally.evaluators.base.Evaluator.handled_operations`) among CREATE and
+    UPDATE, without :data:`NEVER_ROUTED_SUBRESOURCES`.
+
+    The evaluator of a kind is the one of ``evaluators`` (the registered ones: PodSets,
+    measured kinds …), else the core one, else an object count, exactly as admission picks it
+    (:meth:`~tally.evaluators.registry.Registry.get_or_count`); a kind admission ignores
+    (events, reviews) gets nothing."""
+    registry = new_registry()
+    for registered in evaluators:
+        registry.register(registered)
+    kinds = {GroupResource("", resource) for resource in CORE_RESOURCES} if core_always else set()
+    kinds.update(extra)
+    found: set[Route] = set()
+    for gr in kinds:
+        evaluator = registry.get_or_count(gr)
+        if evaluator is None:
+            continue
+        for subresource, operations in evaluator.handled_operations.items():
+            if subresource in NEVER_ROUTED_SUBRESOURCES:
+                continue
+            found.update(
+                Route(gr, subresource, operation)
+                for operation in ADMITTED_OPERATIONS
+                if operation in operations
+            )
+    return frozenset(found)
+
+
+def rules_for(wanted: Iterable[Route]) -> list[dict[str, Any]]:
+    """Admission rules sending exactly ``wanted``: one rule per API group and set of operations
+    (the core group's first, then the others by name), each naming every resource and
+    ``<resource>/<subresource>`` sent with that set."""
+    operations: dict[tuple[str, str], set[Operation]] = {}
+    for route in wanted:
+        resource = route.group_resource.resource
+        if route.subresource:
+            resource = f"{resource}/{route.subresource}"
+        operations.setdefault((route.group_resource.group, resource), set()).add(route.operation)
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (group, resource), ops in operations.items():
+        # In ADMITTED_OPERATIONS' order: CREATE before UPDATE, as kubectl prints them.
+        names = tuple(str(op) for op in ADMITTED_OPERATIONS if op in ops)
+        grouped.setdefault((group, names), []).append(resource)
+    return [
+        {
+            "apiGroups": [group],
+            "apiVersions": ["v1"] if not group else ["*"],
+            "resources": sorted(grouped[group, names]),
+            "operations": list(names),
+            "scope": "Namespaced",
+        }
+        for group, names in sorted(grouped)
+    ]
+
+
 def webhook_rules(
     extra: Iterable[GroupResource],
     *,
     core_always: bool = True,
-    subresources: Mapping[GroupResource, Iterable[str]] | None = None,
+    evaluators: Iterable[Evaluator] = (),
 ) -> list[dict[str, Any]]:
-    """Admission rules: the core kinds (all of them, or with ``core_always=False`` only those
-    in ``extra``), then one rule per API group of ``extra``; each kind of ``extra`` with the
-    ``subresources`` whose writes its evaluator charges (``podsets/scale``)."""
-    subresources = subresources or {}
-    operations = ["CREATE", "UPDATE"]
-    extra = list(extra)
-    core = (set(CORE_RESOURCES) if core_always else set()) | {
-        gr.resource for gr in extra if not gr.group
-    }
-    if "pods" in core:
-        core.add("pods/resize")  # an in-place resize is charged by its growth
-    rules: list[dict[str, Any]] = []
-    if core:
-        rules.append(
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": sorted(core),
-                "operations": operations,
-                "scope": "Namespaced",
-            }
-        )
-    by_group: dict[str, set[str]] = {}
-    for gr in extra:
-        if gr.group:
-            by_group.setdefault(gr.group, set()).update(
-                [gr.resource, *(f"{gr.resource}/{sub}" for sub in subresources.get(gr, ()))]
+    """The quota webhook's rules: :func:`rules_for` the :func:`routes` of ``extra``."""
+    return rules_for(routes(extra, core_always=core_always, evaluators=evaluators))
+
+
+def namespace_selector(
+    exempt_namespaces: Iterable[str], watched_namespaces: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The namespaces whose requests a namespaced webhook receives: every one but the exempt,
+    or, with ``watched_namespaces`` (the namespaces tally manages), exactly those that are not
+    exempt. Raises :class:`ValueError` when every watched namespace is exempt: the selector
+    would have to select nothing, which ``In`` cannot say."""
+    exempt = set(exempt_namespaces)
+    watched = set(watched_namespaces)
+    if watched:
+        selected = sorted(watched - exempt)
+        if not selected:
+            raise ValueError(
+                f"every namespace tally manages is exempt from its webhook: {sorted(watched)}"
             )
-    for group in sorted(by_group):
-        rules.append(
-            {
-                "apiGroups": [group],
-                "apiVersions": ["*"],
-                "resources": sorted(by_group[group]),
-                "operations": operations,
-                "scope": "Namespaced",
-            }
-        )
-    return rules
+        requirement = {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": selected}
+    elif exempt:
+        requirement = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": sorted(exempt)}
+    else:
+        return {}  # NotIn needs values: an empty selector selects every namespace
+    return {"matchExpressions": [requirement]}
 
 
 def validating_webhook_configuration(
@@ -195,16 +283,21 @@ def validating_webhook_configuration(
     rules: list[dict[str, Any]],
     failure_policy: str = "Fail",
     exempt_namespaces: Iterable[str] = DEFAULT_EXEMPT_NAMESPACES,
+    watched_namespaces: Iterable[str] = (),
     labels: Mapping[str, str] | None = None,
     service: ServiceReference | None = None,
 ) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration tally registers (``url`` without the handler id).
 
     With ``service``, every client config is a Service reference instead and ``url`` is unused.
+    ``exempt_namespaces`` and ``watched_namespaces`` (empty: all) make the namespaceSelector of
+    the quota and PodSet webhooks (:func:`namespace_selector`); the ClusterQuota webhook keeps
+    the exempt-only selector, which it never applies (its objects are cluster-scoped).
     """
     if failure_policy not in ("Fail", "Ignore"):
         raise ValueError(f"failurePolicy must be Fail or Ignore, not {failure_policy!r}")
-    exempt = sorted(set(exempt_namespaces))
+    exempt = tuple(exempt_namespaces)
+    namespaced = namespace_selector(exempt, watched_namespaces)
     base = url.rstrip("/")
 
     def client_config(handler_id: str) -> dict[str, Any]:
@@ -220,7 +313,12 @@ def validating_webhook_configuration(
             "caBundle": ca_bundle,
         }
 
-    def webhook(name: str, handler_id: str, webhook_rules: list[dict[str, Any]]) -> dict[str, Any]:
+    def webhook(
+        name: str,
+        handler_id: str,
+        webhook_rules: list[dict[str, Any]],
+        selector: dict[str, Any],
+    ) -> dict[str, Any]:
         return {
             "name": name,
             "clientConfig": client_config(handler_id),
@@ -230,11 +328,7 @@ def validating_webhook_configuration(
             "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": TIMEOUT_SECONDS,
             "admissionReviewVersions": ["v1"],
-            "namespaceSelector": {
-                "matchExpressions": [
-                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exempt}
-                ]
-            },
+            "namespaceSelector": selector,
         }
 
     return {
@@ -242,11 +336,14 @@ def validating_webhook_configuration(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name, "labels": dict(labels or {"app.kubernetes.io/name": "tally"})},
         "webhooks": [
-            webhook(WEBHOOK_NAME, QUOTA_WEBHOOK_ID, rules),
-            webhook(PODSET_WEBHOOK_NAME, PODSET_WEBHOOK_ID, [dict(PODSET_RULE)]),
+            webhook(WEBHOOK_NAME, QUOTA_WEBHOOK_ID, rules, namespaced),
+            webhook(PODSET_WEBHOOK_NAME, PODSET_WEBHOOK_ID, [dict(PODSET_RULE)], namespaced),
             # Cluster-scoped objects: the namespaceSelector never skips them.
             webhook(
-                CLUSTER_QUOTA_WEBHOOK_NAME, CLUSTER_QUOTA_WEBHOOK_ID, [dict(CLUSTER_QUOTA_RULE)]
+                CLUSTER_QUOTA_WEBHOOK_NAME,
+                CLUSTER_QUOTA_WEBHOOK_ID,
+                [dict(CLUSTER_QUOTA_RULE)],
+                namespace_selector(exempt),
             ),
         ],
     }

@@ -2,9 +2,10 @@
 
 The configuration is applied once the webhook server answers (registering a fail-closed webhook
 before anything listens would refuse every pod create in the meantime), re-applied whenever the
-set of resources named by quotas (``count/…``, or a name a registered evaluator measures)
-changes, and — in local development only — removed on a graceful exit, so that a stopped
-operator does not leave a dead fail-closed webhook behind.
+requests its rules must send change — the resources named by quotas (``count/…``, or a name a
+registered evaluator measures), or what their evaluators handle (a kind counted by ``count/``
+gets measures: its updates now charge) — and, in local development only, removed on a graceful
+exit, so that a stopped operator does not leave a dead fail-closed webhook behind.
 In a cluster it stays (a quota is only a limit if creation is refused while tally is down).
 Its caBundle follows the serving certificate (:meth:`WebhookRegistrar.set_ca_bundle`, called
 by :mod:`tally.webhook.tls` when a CA joins or leaves).
@@ -28,14 +29,15 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally.evaluators.base import Evaluator, GroupResource
+from tally.evaluators.base import Evaluator, GroupResource, Operation
 from tally.kube import rest
 from tally.webhook.configuration import (
-    CORE_RESOURCES,
+    Route,
     ServiceReference,
     count_resources,
+    routes,
+    rules_for,
     validating_webhook_configuration,
-    webhook_rules,
 )
 from tally.workqueue import start_watched
 
@@ -49,9 +51,6 @@ RULES_SETTLE_S: Final = 2.0
 API server picks webhook configurations up through its own watch (milliseconds on the local
 control plane); a create in between passes unjudged, so until then its kind is recalculated on
 creation (:meth:`WebhookRegistrar.charges_creations`)."""
-CHARGED_CORE_KINDS: Final = frozenset(
-    GroupResource("", resource) for resource in CORE_RESOURCES if "/" not in resource
-)
 _WILDCARDS: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -70,6 +69,7 @@ class WebhookRegistrar:
         quotas: Callable[[], Iterable[Mapping[str, Any]]],
         failure_policy: str,
         exempt_namespaces: Iterable[str],
+        watched_namespaces: Iterable[str] = (),
         service: ServiceReference | None = None,
         tls_name: str | None = None,
         evaluators: Callable[[], Iterable[Evaluator]] = tuple,
@@ -82,7 +82,10 @@ class WebhookRegistrar:
         ``evaluators``: the registered evaluators, whose names in a quota also call for rules
         on their kinds (:func:`~tally.webhook.configuration.count_resources`).
         ``core_always=False`` (ClusterQuotas only): rules only for the kinds some quota names,
-        the core kinds included, so that nothing else passes tally's webhook."""
+        the core kinds included, so that nothing else passes tally's webhook.
+        ``exempt_namespaces``: never sent to the quota and PodSet webhooks;
+        ``watched_namespaces`` (the namespaces tally manages; empty: all): the only ones sent
+        (:func:`~tally.webhook.configuration.namespace_selector`)."""
         self.core_always = core_always
         self._api = api
         self.name = name
@@ -95,8 +98,9 @@ class WebhookRegistrar:
         self._evaluators = evaluators
         self._failure_policy = failure_policy
         self._exempt = tuple(exempt_namespaces)
-        self._applied: set[GroupResource] | None = None
-        """The extra rules last applied; None until the first apply (registration)."""
+        self._watched = tuple(watched_namespaces)
+        self._applied: frozenset[Route] | None = None
+        """What the rules last applied send; None until the first apply (registration)."""
         self._clock = clock
         self._charged_since: dict[GroupResource, float] = {}
         """Each kind the applied rules send to admission, with when the first configuration
@@ -112,15 +116,19 @@ class WebhookRegistrar:
         """Set by :meth:`stop`; from then on :meth:`apply` and the refreshes write nothing."""
 
     def body(self, extra: Iterable[GroupResource]) -> dict[str, Any]:
+        """The configuration with rules for the core kinds (unless ClusterQuotas only) and
+        ``extra``."""
+        return self._body(self._routes(extra))
+
+    def _body(self, wanted: Iterable[Route]) -> dict[str, Any]:
         return validating_webhook_configuration(
             name=self.name,
             url=self._url,
             ca_bundle=base64.b64encode(self._ca_pem).decode("ascii"),
-            rules=webhook_rules(
-                extra, core_always=self.core_always, subresources=self._subresources()
-            ),
+            rules=rules_for(wanted),
             failure_policy=self._failure_policy,
             exempt_namespaces=self._exempt,
+            watched_namespaces=self._watched,
             service=self._service,
         )
 
@@ -182,8 +190,21 @@ class WebhookRegistrar:
             await self._apply()
 
     async def _apply(self) -> None:
-        extra = self._wanted()
-        body = self.body(extra)
+        wanted = self._wanted()
+        await self._write(self._body(wanted))
+        self._applied = wanted
+        now = self._clock()
+        # Only creations matter here: a kind whose updates are not sent is still charged on
+        # creation, and one whose creations are not sent (a kind admission ignores) is not.
+        created = {
+            route.group_resource
+            for route in wanted
+            if route.subresource == "" and route.operation is Operation.CREATE
+        }
+        self._charged_since = {gr: self._charged_since.get(gr, now) for gr in created}
+
+    async def _write(self, body: dict[str, Any]) -> None:
+        """Create the configuration, or replace it (with the resourceVersion read)."""
         try:
             current = await rest.get_json(self._api, f"{PATH}/{self.name}")
         except client.ApiException as error:
@@ -200,20 +221,15 @@ class WebhookRegistrar:
         else:
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await rest.put_json(self._api, f"{PATH}/{self.name}", body)
-        self._applied = extra
-        now = self._clock()
-        covered = (CHARGED_CORE_KINDS if self.core_always else frozenset()) | extra
-        self._charged_since = {gr: self._charged_since.get(gr, now) for gr in covered}
 
-    def _subresources(self) -> dict[GroupResource, tuple[str, ...]]:
-        """Subresources whose writes change what an evaluator measures (a PodSet's ``scale``)."""
-        return {
-            evaluator.group_resource: tuple(getattr(evaluator, "charged_subresources", ()))
-            for evaluator in self._evaluators()
-        }
+    def _routes(self, extra: Iterable[GroupResource]) -> frozenset[Route]:
+        return routes(extra, core_always=self.core_always, evaluators=self._evaluators())
 
-    def _wanted(self) -> set[GroupResource]:
-        return count_resources(self._quotas(), self._evaluators(), core_always=self.core_always)
+    def _wanted(self) -> frozenset[Route]:
+        """What the rules must send now, for the current quotas and evaluators."""
+        evaluators = list(self._evaluators())
+        extra = count_resources(self._quotas(), evaluators, core_always=self.core_always)
+        return routes(extra, core_always=self.core_always, evaluators=evaluators)
 
     def charges_creations(self, gr: GroupResource) -> bool:
         """Whether admission charges creations of ``gr`` now: the applied rules have covered it
@@ -224,7 +240,8 @@ class WebhookRegistrar:
         return since is not None and self._clock() - since >= RULES_SETTLE_S
 
     def quotas_changed(self) -> None:
-        """A quota changed: re-apply if the set of ``count/`` resources did (debounced)."""
+        """A quota (or a measure) changed: re-apply if what the rules must send did
+        (debounced)."""
         if self._stopped or self._applied is None:
             return
         if self._refresh is not None and not self._refresh.done():
@@ -248,7 +265,8 @@ class WebhookRegistrar:
             await asyncio.sleep(REFRESH_DEBOUNCE_S)
             if self._wanted() != self._applied:
                 await self.apply()
-                logger.info("webhook rules now cover: %s", sorted(map(str, self._applied or ())))
+                kinds = {str(route.group_resource) for route in self._applied or ()}
+                logger.info("webhook rules now cover: %s", sorted(kinds))
             if not self._changed_during_refresh or self._stopped:
                 return
 

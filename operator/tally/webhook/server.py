@@ -7,24 +7,51 @@ every reviewed object to build an empty patch, and answers 404 for a resource it
 watch has not seen yet (a ``count/`` resource a quota names right after its CRD appeared). Kopf
 stays what tally is built on: the watches, start-up and clean-up, and probes.
 
-The envelope is checked first, with a pydantic model of exactly the fields tally reads
-(:func:`parse_review`): a body that is not UTF-8, not JSON or not an AdmissionReview gets a
-400 naming what is wrong, never an allow (the API server applies the failure policy). The
-object itself (``object``/``oldObject``) stays free-form: the evaluators report what they
-cannot read. One translation to quota admission's :class:`Attributes`
-(:func:`attributes_from_review`).
-
 Routes: ``POST /<webhook id>`` for each handler (``/quota``, ``/validate-podsets``: the paths
 :mod:`tally.webhook.configuration` registers); any other path is a 404.
+
+A request, in order (:meth:`WebhookServer._serve`):
+
+1. A body declared larger than ``max_body_bytes`` (7 MiB: what the API server can send, see
+   :mod:`tally.webhook.limits`), or found larger while read: 413 naming the limit.
+2. More than ``max_reviews_in_flight`` reviews, or more than ``body_budget_bytes`` of their
+   bodies, held at once: 429 with ``Retry-After: 1``, at once. The API server's client sends
+   the same review again after that second, within the call's timeout (client-go's
+   ``rest.Request`` retries a 429 that names a delay); past the timeout the failure policy
+   applies. A burst never waits in tally's memory.
+3. The body read within ``body_timeout`` of the head's end, or 408.
+4. The same review (webhook, ``request.uid`` and body, by a digest of the raw bytes) in
+   progress or answered within the last 30 s: its answer, without judging it again
+   (:mod:`tally.webhook.answers`).
+5. The envelope checked (:func:`parse_review`), with a pydantic model of exactly the fields
+   tally reads: a body that is not UTF-8, not JSON the API server could have sent, or not an
+   AdmissionReview gets a 400 naming what is wrong, never an allow and never a 500 (the API
+   server applies the failure policy), and nothing is judged. The object itself
+   (``object``/``oldObject``) stays free-form: the evaluators report what they cannot read.
+   One translation to quota admission's :class:`Attributes` (:func:`attributes_from_review`).
+6. The handler judges it; a handler that fails refuses the request (never an allow).
+
+**Deep objects.** The API server stores a custom resource's free-form content nested up to
+:data:`MAX_OBJECT_DEPTH` levels, and tally must judge those like any other. Parsing them, and
+everything done with them after, recurses once or twice a level: the process's recursion limit
+is raised at start-up for it (:mod:`tally.app.recursion`). A review nested deeper than the API
+server can send is a 400 naming its depth, as is one too deep to parse at all.
+
+Connections, TLS and their timeouts and cap: :mod:`tally.webhook.connections`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import logging
+import re
 import ssl
+import sys
+from array import array
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NoReturn
 
 import aiohttp.web
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,8 +63,26 @@ from tally.clusterquota.measures import MeasureCatalog
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, group_resource_for_count_name
 from tally.podset import validation
+from tally.webhook.answers import Answers, review_key
+from tally.webhook.connections import ConnectionGuard, GuardedSite
+from tally.webhook.limits import InFlight, WebhookLimits
 
 logger = logging.getLogger(__name__)
+
+MAX_OBJECT_DEPTH: Final = 10_000
+"""How deep the API server's JSON decoder lets an object nest (``sigs.k8s.io/json``, a fork of
+Go's ``encoding/json``, whose scanner refuses past ``maxNestingDepth``, 10 000); so how deep a
+custom resource's free-form content can be stored."""
+
+MAX_REVIEW_DEPTH: Final = MAX_OBJECT_DEPTH + 2
+"""The objects sit two levels into the review (``request.object``)."""
+
+RETRY_AFTER_S: Final = 1
+"""Seconds the API server is asked to wait before sending a review tally had no room for again
+(client-go waits that long, then retries within the call's timeout)."""
+
+REPORT_PERIOD_S: Final = 60.0
+"""At most one warning this often about reviews answered 429."""
 
 
 class _Envelope(BaseModel):
@@ -70,16 +115,43 @@ class ReviewError(ValueError):
     """A request body that is not an AdmissionReview; the message says why."""
 
 
-def parse_review(body: bytes) -> dict[str, Any]:
+def _no_constant(name: str) -> NoReturn:
+    # Python's json reads NaN and Infinity, which are not JSON and which Go's decoder refuses.
+    raise ReviewError(f"the body is not JSON: {name} is not a JSON value")
+
+
+def parse_review(body: bytes | bytearray) -> dict[str, Any]:
     """The JSON of a valid AdmissionReview request, or :class:`ReviewError`."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ReviewError(f"the body is not UTF-8 text: {error.reason}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
+    except ReviewError:
+        raise
     except json.JSONDecodeError as error:
         raise ReviewError(f"the body is not JSON: {error}") from None
+    except ValueError:
+        # The only other ValueError of Python's json: int()'s limit on the digits it converts.
+        # The API server's decoder keeps a number as a 64-bit integer or float, and never
+        # sends one of thousands of digits.
+        raise ReviewError(
+            "the body holds an integer of more than "
+            f"{sys.get_int_max_str_digits()} digits, which no review from the API server does"
+        ) from None
+    except RecursionError:
+        raise ReviewError(
+            "the body is nested too deeply to parse; a review from the API server is nested "
+            f"at most {MAX_REVIEW_DEPTH} levels (objects at most {MAX_OBJECT_DEPTH})"
+        ) from None
+    del text
+    depth = _nesting_depth(body, MAX_REVIEW_DEPTH)
+    if depth > MAX_REVIEW_DEPTH:
+        raise ReviewError(
+            f"the body is nested {depth} levels deep; a review from the API server is nested "
+            f"at most {MAX_REVIEW_DEPTH} levels (objects at most {MAX_OBJECT_DEPTH})"
+        )
     try:
         AdmissionReview.model_validate(data)
     except ValidationError as error:
@@ -91,6 +163,25 @@ def parse_review(body: bytes) -> dict[str, Any]:
     if data["request"].get("object") is None and data["request"].get("oldObject") is None:
         raise ReviewError("request.object and request.oldObject are both missing")
     return dict(data)
+
+
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKET_STEPS: Final = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _nesting_depth(document: bytes | bytearray, at_most: int) -> int:
+    """How deep the valid JSON ``document`` nests; any number up to ``at_most`` when it cannot
+    nest deeper (fewer opening brackets than that).
+
+    From the text, not the parsed objects: C-speed passes (strings dropped, brackets kept as
+    +1/-1, their running sum's maximum) where walking the objects costs Python steps for each
+    of them, and only for the rare document with more brackets than the limit.
+    """
+    if document.count(b"[") + document.count(b"{") <= at_most:
+        return 0
+    brackets = _JSON_STRING.sub(b"", document).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(array("b", brackets)), default=0)
 
 
 def review_response(
@@ -128,10 +219,15 @@ SHUTDOWN_TIMEOUT_S: Final = 10.0
 """How long a stopping server lets requests in progress finish (quota admission answers within
 its own 9.5 s timeout)."""
 
+MAX_HEADERS: Final = 32
+"""Header fields a request may carry (aiohttp's default is 128, each up to 8 KiB): the API
+server sends fewer than ten, and a head being received is held in memory."""
+
 
 class WebhookServer:
     """tally's admission endpoints on tally's own aiohttp application: ``POST /<webhook id>``
-    for each handler, over TLS with the :class:`ssl.SSLContext` it is given.
+    for each handler, over TLS with the :class:`ssl.SSLContext` it is given, within
+    ``limits`` (:mod:`tally.webhook.limits`).
 
     The context is the one :mod:`tally.webhook.tls` keeps: a renewed certificate is loaded into
     it while the server runs, so the port never closes; it requires the API server's client
@@ -147,6 +243,7 @@ class WebhookServer:
         port: int,
         context: ssl.SSLContext,
         access_log: bool = False,
+        limits: WebhookLimits | None = None,
     ) -> None:
         """``access_log``: a line per request (aiohttp's access log); off by default, as
         upstream's admission plugin logs none and a busy cluster's log would fill with pod
@@ -155,54 +252,211 @@ class WebhookServer:
         self.addr = addr
         self.port = port
         self.context = context
+        self.limits: Final = limits if limits is not None else WebhookLimits()
         self._access_log = access_log
         self._runner: aiohttp.web.AppRunner | None = None
+        self._site: GuardedSite | None = None
+        self._in_flight = InFlight(self.limits.max_reviews_in_flight, self.limits.body_budget_bytes)
+        self._answers: Answers[bytes] = Answers(
+            window=self.limits.answered_window, max_answers=self.limits.answered_max
+        )
+        self._refusals = 0
+        self._reported_at: float | None = None
+
+    @property
+    def addresses(self) -> list[Any]:
+        """Where the server listens (``(host, port)`` for IPv4); empty when it is stopped."""
+        return self._site.addresses if self._site is not None else []
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, handshakes included."""
+        return len(self._site.guard) if self._site is not None else 0
+
+    @property
+    def reviews_in_flight(self) -> int:
+        """Reviews being read, parsed or judged now (retries awaiting a judgement included)."""
+        return self._in_flight.reviews
+
+    @property
+    def body_bytes_in_flight(self) -> int:
+        """Body bytes of those reviews held now."""
+        return self._in_flight.bytes
 
     async def start(self) -> None:
-        app = aiohttp.web.Application()
+        limits = self.limits
+        app = aiohttp.web.Application(
+            middlewares=[self._track], client_max_size=limits.max_body_bytes
+        )
         app.add_routes([aiohttp.web.post("/{id}", self._serve)])
         kwargs: dict[str, Any] = {} if self._access_log else {"access_log": None}
         runner = aiohttp.web.AppRunner(
-            app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **kwargs
+            app,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            # aiohttp's own idle timer only backs tally's up: it fires after them.
+            keepalive_timeout=limits.keepalive_timeout + limits.header_timeout,
+            max_headers=MAX_HEADERS,
+            **kwargs,
         )
         await runner.setup()
-        site = aiohttp.web.TCPSite(
+        assert runner.server is not None
+        site = GuardedSite(
             runner,
             self.addr,
             self.port,
-            ssl_context=self.context,
+            guard=ConnectionGuard(limits, self.context, runner.server),
         )
         try:
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
+        self._runner, self._site = runner, site
         logger.info("serving admission webhooks at https://%s:%d/{%s}", self.addr, self.port,
                     ",".join(sorted(self.handlers)))  # fmt: skip
 
     async def stop(self) -> None:
         """Close the port and let requests in progress finish (at most ``SHUTDOWN_TIMEOUT_S``)."""
         runner, self._runner = self._runner, None
+        site, self._site = self._site, None
         if runner is not None:
             await runner.cleanup()
+        if site is not None:
+            site.guard.stop_timers()
 
-    async def _serve(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        handler = self.handlers.get(request.match_info["id"])
+    @aiohttp.web.middleware
+    async def _track(
+        self,
+        request: aiohttp.web.Request,
+        handler: Callable[[aiohttp.web.Request], Awaitable[aiohttp.web.StreamResponse]],
+    ) -> aiohttp.web.StreamResponse:
+        """Tell the connection guard a request is in progress until its response is written
+        (here, not after this returns, so that a connection is idle only once it is)."""
+        guard = self._site.guard if self._site is not None else None
+        connection = guard.begin(request.transport) if guard is not None else None
+        try:
+            try:
+                response = await handler(request)
+            except aiohttp.web.HTTPException as error:
+                await self._send(request, error)
+                raise
+            await self._send(request, response)
+            return response
+        finally:
+            if guard is not None:
+                guard.end(connection)
+
+    async def _send(
+        self, request: aiohttp.web.Request, response: aiohttp.web.StreamResponse
+    ) -> None:
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            # A peer that does not read its answer: the connection goes, the slot with it.
+            if self._site is not None:
+                self._site.guard.abort(request.transport)
+        except ConnectionError:
+            pass  # the peer is gone; aiohttp sees it too
+
+    async def _serve(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        webhook = request.match_info["id"]
+        handler = self.handlers.get(webhook)
         if handler is None:
             raise aiohttp.web.HTTPNotFound(reason=f"no webhook at {request.path}")
+        declared = request.content_length
+        if declared is not None and declared > self.limits.max_body_bytes:
+            raise self._too_large()
+        if not self._in_flight.enter():
+            raise self._too_many(f"{self._in_flight.max_reviews} reviews in flight")
+        held = 0
         try:
-            review = parse_review(await request.read())
-        except ReviewError as error:
-            raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
+            body = await self._read_body(request)
+            held = len(body)
+            key = review_key(webhook, body)
+            earlier = self._answers.find(key)
+            if earlier is None:
+                try:
+                    review = parse_review(body)
+                except ReviewError as error:
+                    raise aiohttp.web.HTTPBadRequest(reason=str(error)) from None
+                del body
+                judging = self._answers.judge(key, self._judge(handler, review, request.path))
+                del review
+                answer = await asyncio.shield(judging)
+            else:
+                # A retry of a review in progress or answered: the bytes are not needed again.
+                del body
+                self._in_flight.give_back(held)
+                held = 0
+                answer = await asyncio.shield(earlier)
+        finally:
+            self._in_flight.give_back(held)
+            self._in_flight.leave()
+        return aiohttp.web.Response(body=answer, content_type="application/json")
+
+    async def _read_body(self, request: aiohttp.web.Request) -> bytearray:
+        """The request's body, each chunk taken from the body budget as it arrives (given back
+        here if the body is refused, by the caller otherwise)."""
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                async for chunk in request.content.iter_any():
+                    if len(body) + len(chunk) > self.limits.max_body_bytes:
+                        raise self._too_large()
+                    if not self._in_flight.take(len(chunk)):
+                        raise self._too_many(
+                            f"{self._in_flight.max_bytes} bytes of review bodies in flight"
+                        )
+                    body += chunk
+        except TimeoutError:
+            self._in_flight.give_back(len(body))
+            raise aiohttp.web.HTTPRequestTimeout(
+                reason=f"the body did not arrive within {self.limits.body_timeout:g} s",
+                headers={"Connection": "close"},
+            ) from None
+        except BaseException:
+            self._in_flight.give_back(len(body))
+            raise
+        return body
+
+    async def _judge(self, handler: ReviewHandler, review: dict[str, Any], path: str) -> bytes:
         try:
             response = await handler(review)
         except Exception as error:
             # Never an allow: the request is refused with the error, as upstream's plugin
             # refuses what it failed to evaluate.
-            logger.exception("webhook %s failed on %s", request.path, _describe(review))
+            logger.exception("webhook %s failed on %s", path, _describe(review))
             response = review_response(review, False, f"tally failed: {error}", 500)
-        return aiohttp.web.json_response(response)
+        return json.dumps(response).encode()
+
+    def _too_large(self) -> aiohttp.web.HTTPException:
+        return aiohttp.web.HTTPRequestEntityTooLarge(
+            max_size=self.limits.max_body_bytes,
+            actual_size=0,
+            reason=(
+                f"the body is larger than the webhook's limit of {self.limits.max_body_bytes} "
+                "bytes (TALLY_WEBHOOK_MAX_BODY_BYTES)"
+            ),
+        )
+
+    def _too_many(self, what: str) -> aiohttp.web.HTTPException:
+        self._refusals += 1
+        now = asyncio.get_running_loop().time()
+        if self._reported_at is None or now - self._reported_at >= REPORT_PERIOD_S:
+            logger.warning(
+                "webhook at its limit of %s: %d review(s) answered 429 since the last warning "
+                "(TALLY_WEBHOOK_MAX_REVIEWS_IN_FLIGHT, TALLY_WEBHOOK_BODY_BUDGET_BYTES)",
+                what, self._refusals,
+            )  # fmt: skip
+            self._reported_at = now
+            self._refusals = 0
+        return aiohttp.web.HTTPTooManyRequests(
+            reason=f"tally holds {what}, its limit",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
 
 def quota_review(admit: Callable[[Attributes], Awaitable[None]]) -> ReviewHandler:
