@@ -145,6 +145,8 @@ OVERCHARGE_MEMORY_S: Final = 60.0
 version of its quota that holds it: far longer than the recalculation that replaces that
 version takes, short enough that the memory stays small."""
 
+CANCEL_WAIT_S: Final = 1.0
+"""How long a stop waits for cancelled workers to end."""
 TIMED_OUT: Final = "resource quota evaluation timed out"
 SHUTTING_DOWN: Final = "resource quota evaluator is shutting down"
 DEFAULT_DENY: Final = "DEFAULT DENY"
@@ -489,7 +491,9 @@ class QuotaEvaluator:
         """
         self._stopping = True
         try:
-            await asyncio.wait_for(self._queue.shut_down_with_drain(), grace_period)
+            # A drain with nothing in progress returns before the timeout can fire, also at 0.
+            async with asyncio.timeout(grace_period):
+                await self._queue.shut_down_with_drain()
         except TimeoutError:
             logger.warning("quota admission: passes still running after %g s", grace_period)
             self._queue.shut_down()
@@ -499,7 +503,8 @@ class QuotaEvaluator:
         for task in pending:
             task.cancel()
         if pending:
-            _, hanging = await asyncio.wait(pending, timeout=grace_period)
+            # A cancelled worker ends at its next step: a moment, whatever the grace was.
+            _, hanging = await asyncio.wait(pending, timeout=max(grace_period, CANCEL_WAIT_S))
             for task in hanging:
                 logger.error("quota admission: worker %s will not stop", task.get_name())
         for waiters in (*self._work.values(), *self._dirty_work.values()):

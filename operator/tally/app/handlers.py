@@ -38,6 +38,7 @@ from tally.app.runtime import (
     NAMESPACES,
     PODSETS,
     RESOURCE_QUOTAS,
+    STOP_TIMEOUT_S,
     TRACKED_CORE_KINDS,
     Runtime,
 )
@@ -98,11 +99,25 @@ def _stop_this_process() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+CUT_S = 2.0
+"""Beyond the runtime's own stop bound (``STOP_TIMEOUT_S``): time for what it cuts to end."""
+
+
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get("runtime")
     if runtime is not None:
-        await runtime.stop()
+        # Never raises: Kopf would retry a failed clean-up a minute later instead of exiting.
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S + CUT_S):
+                await runtime.stop()
+        except TimeoutError:
+            logger.warning(
+                "stopping: not done within %g s; exiting without waiting any longer",
+                STOP_TIMEOUT_S + CUT_S,
+            )
+        except Exception:
+            logger.exception("stopping failed; exiting anyway")
     for name in ("api", "dedicated_api", "watch_api"):
         api = memo.get(name)
         if api is not None:

@@ -116,6 +116,13 @@ CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
 OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
 """tally's custom resources and their versions: a missing CRD lists as no objects."""
 ADMISSION_TIMEOUT_S: Final = 9.5
+STOP_TIMEOUT_S: Final = 5.0
+"""How long a stop waits for others in all: reviews and syncs in progress, and the API server
+(the Lease released, the last Events written, the webhook configuration removed where
+``TALLY_WEBHOOK_REMOVE_ON_EXIT`` says so). A graceful stop takes well under a second; with the
+API server unreachable each of those would wait for its request's own timeout (a minute), and
+a pod would be killed at the end of its termination grace (30 s, 5 of them the preStop sleep)
+still holding its Lease."""
 
 
 def _keep_whole(obj: Any) -> Any:
@@ -644,19 +651,28 @@ class Runtime:
         logger.info("%s leads: quota controller, PodSet controller and webhook registration "
                     "started", self.identity)  # fmt: skip
 
-    async def _stop_leading(self, *, grace_period: float | None = None, remove: bool) -> None:
+    async def _stop_leading(
+        self,
+        *,
+        grace_period: float | None = None,
+        remove: bool,
+        within: Callable[[], float] | None = None,
+    ) -> None:
         """Stop what :meth:`_start_leading` started (idempotent; on a follower it only shuts
         the idle controllers' queues). ``grace_period``: how long in-flight syncs may finish
         (None: the controllers' defaults; 0: cancel at once). ``remove``: delete the webhook
         configuration (local development, graceful stop only: after losing the lease it may
-        be the new leader's)."""
+        be the new leader's). ``within``: the time left for both, asked before each."""
         was_leading, self.leading = self.leading, False
         if was_leading:
             self.metrics.leading(self.identity, False)
             if self.registrar is not None:
-                await self.registrar.stop(remove=remove)
+                timeout = within() if within is not None else rest.REQUEST_TIMEOUT_S
+                await self.registrar.stop(remove=remove, within=timeout)
         if not self._controllers_stopped:
             self._controllers_stopped = True
+            if within is not None:
+                grace_period = within() if grace_period is None else min(grace_period, within())
             kwargs = {} if grace_period is None else {"grace_period": grace_period}
             await asyncio.gather(
                 self.podset_controller.stop(**kwargs),
@@ -810,24 +826,39 @@ class Runtime:
             ),
         ]
 
-    async def stop(self) -> None:
+    async def stop(self, within: float = STOP_TIMEOUT_S) -> None:
+        """Stop everything, waiting ``within`` seconds at most for others in all: reviews and
+        syncs in progress, and the API server (the webhook configuration removed, the Lease
+        released, the last Events written). What is not done by then is cut, so that a stop
+        ends in time even with the API server unreachable."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
         # No new review from here; those in progress finish while admission still runs.
         if self.webhook_server is not None:
-            await self.webhook_server.stop()
+            await self.webhook_server.stop(within=left())
         if self.tls is not None:
             await self.tls.stop()
         # The lease guards the controllers and the registration: release it only once they
         # stopped (client-go ReleaseOnCancel), and keep renewing it meanwhile.
-        await self._stop_leading(remove=self.settings.webhook_remove_on_exit)
+        await self._stop_leading(remove=self.settings.webhook_remove_on_exit, within=left)
         if self.elector is not None:
-            await self.elector.stop(release=True)
-        await self.admission.stop()
+            await self.elector.stop(release=True, within=left())
+        await self.admission.stop(grace_period=left())
         self.charges.stop()
         await self.charge_verifier.stop()
         await self.dynamic.stop()
         for informer in (*self.informers.values(), self.pod_views):
             await informer.stop()
-        await self.recorder.flush()
+        await self.recorder.flush(within=left())
+        if left() == 0.0:
+            logger.warning(
+                "stopping: the API server or the work in progress took longer than %g s; the "
+                "rest was cut", within,
+            )  # fmt: skip
         if self.heap_trimmer is not None:
             await self.heap_trimmer.stop()
         if self.pool_renewal is not None:

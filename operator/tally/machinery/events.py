@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -853,13 +854,16 @@ class EventBroadcaster:
         """Return once every Event recorded so far has been written or given up."""
         await self._queue.join()
 
-    async def shutdown(self) -> None:
-        """Write what is queued (each Event tried once), then stop the writer task."""
+    async def shutdown(self, within: float | None = None) -> None:
+        """Write what is queued (each Event tried once; what is left after ``within`` seconds
+        is dropped), then stop the writer task."""
         self._stopping.set()
         writer = self._writer
         if writer is None:
             return
         if not writer.done():
-            await self._queue.join()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await self._queue.join()
             writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)

@@ -436,10 +436,11 @@ class LeaderElector:
             died="leader election: loop died: %(error)r",
         )
 
-    async def stop(self, *, release: bool) -> None:
+    async def stop(self, *, release: bool, within: float | None = None) -> None:
         """Stop the loops; with ``release``, give the lease up so that another candidate takes
         over at its next attempt rather than after the lease duration (client-go
-        ``ReleaseOnCancel``). Everything the lease guards must have stopped already."""
+        ``ReleaseOnCancel``), trying for ``within`` seconds at most (default: the renew
+        deadline). Everything the lease guards must have stopped already."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -447,7 +448,7 @@ class LeaderElector:
                 await task
         was_leading, self.leading = self.leading, False
         if release and was_leading:
-            await self.release()
+            await self.release(within)
 
     async def run(self) -> None:
         logger.info("leader election: %s tries to acquire lease %s", self.identity,
@@ -541,11 +542,15 @@ class LeaderElector:
         state.set_observed_record(decision.record, self._clock())
         return True
 
-    async def release(self) -> bool:
+    async def release(self, within: float | None = None) -> bool:
         """Give the lease up (client-go ``tryRelease``; a 409 re-reads and tries again, within
-        the renew deadline). True when nothing of ours is left on the Lease."""
+        the renew deadline, or ``within`` if shorter). True when nothing of ours is left on
+        the Lease."""
+        bound = self.config.renew_deadline
+        if within is not None:
+            bound = min(within, bound)
         try:
-            async with asyncio.timeout(self.config.renew_deadline):
+            async with asyncio.timeout(bound):
                 while True:
                     read = await self.lock.get()
                     if read is None:
@@ -564,7 +569,7 @@ class LeaderElector:
         except (LockError, TimeoutError) as error:
             logger.warning("leader election: could not release lease %s: %s; the other "
                            "candidates take over once it expires", self.lock.describe(),
-                           error or "timed out")  # fmt: skip
+                           str(error) or f"no answer within {bound:g} s")  # fmt: skip
             return False
 
     def _report_transition(self) -> None:

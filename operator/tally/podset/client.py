@@ -209,7 +209,7 @@ class KubeEventRecorder:
         )
         self._broadcaster.event(ref, type_, reason, message)
 
-    async def flush(self) -> None:
-        """For shutdown: write what is queued (each Event tried once) and stop the writer;
-        Events recorded afterwards are dropped."""
-        await self._broadcaster.shutdown()
+    async def flush(self, within: float | None = None) -> None:
+        """For shutdown: write what is queued (each Event tried once, for ``within`` seconds
+        at most) and stop the writer; Events recorded afterwards are dropped."""
+        await self._broadcaster.shutdown(within)

@@ -28,6 +28,7 @@ as Secrets, 128 MiB as pods, 752 MiB at the worst; 4 MiB of answers.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Final
 
@@ -149,16 +150,26 @@ class InFlight:
         """Reviews entered and not yet left."""
         self.bytes = 0
         """Body bytes taken and not yet given back."""
+        self._idle = asyncio.Event()
+        """Set exactly while no review is in."""
+        self._idle.set()
 
     def enter(self) -> bool:
         """One more review, if the limit allows it."""
         if self.reviews >= self.max_reviews:
             return False
         self.reviews += 1
+        self._idle.clear()
         return True
 
     def leave(self) -> None:
         self.reviews -= 1
+        if not self.reviews:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        """Until no review is in (at once when none is)."""
+        await self._idle.wait()
 
     def take(self, size: int) -> bool:
         """``size`` more body bytes, if the budget allows them."""

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from tally.evaluators.base import Evaluator, GroupResource, Operation
@@ -270,7 +271,9 @@ class WebhookRegistrar:
             if not self._changed_during_refresh or self._stopped:
                 return
 
-    async def stop(self, *, remove: bool) -> None:
+    async def stop(self, *, remove: bool, within: float = rest.REQUEST_TIMEOUT_S) -> None:
+        """Write nothing more; with ``remove``, delete the configuration (waiting ``within``
+        seconds at most for the API server)."""
         # From now on nothing is written but the removal: a leader that lost its Lease keeps
         # receiving quota events and certificate passes until its process ends, and the
         # configuration may already be the new leader's.
@@ -282,11 +285,20 @@ class WebhookRegistrar:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if remove:
-            with contextlib.suppress(client.ApiException):
-                await self._api.call_api(
-                    f"{PATH}/{self.name}",
-                    "DELETE",
-                    auth_settings=["BearerToken"],
-                    _request_timeout=rest.REQUEST_TIMEOUT_S,
-                )
+            try:
+                async with asyncio.timeout(within):
+                    await self._api.call_api(
+                        f"{PATH}/{self.name}",
+                        "DELETE",
+                        auth_settings=["BearerToken"],
+                        _request_timeout=rest.REQUEST_TIMEOUT_S,
+                    )
+            except client.ApiException as error:
+                if error.status != 404:
+                    logger.warning("webhook %s not removed: %s", self.name, error.reason)
+                    return
+            except (TimeoutError, OSError, aiohttp.ClientError) as error:
+                reason = str(error) or f"no answer within {within:g} s"
+                logger.warning("webhook %s not removed: %s", self.name, reason)
+                return
             logger.info("webhook %s removed", self.name)

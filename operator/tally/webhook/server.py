@@ -43,6 +43,7 @@ Connections, TLS and their timeouts and cap: :mod:`tally.webhook.connections`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -216,8 +217,11 @@ ReviewHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 """Answers one checked AdmissionReview (``parse_review``'s result) with the response review."""
 
 SHUTDOWN_TIMEOUT_S: Final = 10.0
-"""How long a stopping server lets requests in progress finish (quota admission answers within
-its own 9.5 s timeout)."""
+"""How long a stopping server lets requests in progress finish, unless its caller has less
+time (quota admission answers within its own 9.5 s timeout)."""
+CLOSE_TIMEOUT_S: Final = 0.5
+"""How long closing the connections waits for a handler still running once the drain is over
+(aiohttp's runner; the reviews it would wait for were given their time already)."""
 
 MAX_HEADERS: Final = 32
 """Header fields a request may carry (aiohttp's default is 128, each up to 8 KiB): the API
@@ -293,7 +297,7 @@ class WebhookServer:
         runner = aiohttp.web.AppRunner(
             app,
             handle_signals=False,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            shutdown_timeout=CLOSE_TIMEOUT_S,
             # aiohttp's own idle timer only backs tally's up: it fires after them.
             keepalive_timeout=limits.keepalive_timeout + limits.header_timeout,
             max_headers=MAX_HEADERS,
@@ -316,11 +320,18 @@ class WebhookServer:
         logger.info("serving admission webhooks at https://%s:%d/{%s}", self.addr, self.port,
                     ",".join(sorted(self.handlers)))  # fmt: skip
 
-    async def stop(self) -> None:
-        """Close the port and let requests in progress finish (at most ``SHUTDOWN_TIMEOUT_S``)."""
+    async def stop(self, within: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Close the port, let the reviews in progress finish (at most ``within`` seconds),
+        then close every connection."""
         runner, self._runner = self._runner, None
         site, self._site = self._site, None
+        if site is not None:
+            await site.stop()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self._in_flight.drained()
         if runner is not None:
+            # What is still in progress now is cut (the runner waits CLOSE_TIMEOUT_S at most).
             await runner.cleanup()
         if site is not None:
             site.guard.stop_timers()
