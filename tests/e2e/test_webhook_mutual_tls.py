@@ -16,52 +16,22 @@ plane's API server presents to webhooks (``hack/cluster.py``, operator mode).
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import json
-import ssl
-import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from forged_reviews import QUOTA_WEBHOOK, Refused, post, review, webhook_url_and_ca
 from kubernetes_asyncio import client
 
 from tally_e2e import RunningOperator, eventually, wait_for_root_ca_configmap
 
-QUOTA_WEBHOOK = "quota.tally.dev"
 IMAGE = "registry.example/app:1"
-
-
-def _review(namespace: str, obj: dict[str, Any], resource: str, kind: str) -> dict[str, Any]:
-    """An AdmissionReview as the API server sends it for a CREATE."""
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    gvk = {"group": "", "version": "v1", "kind": kind}
-    gvr = {"group": "", "version": "v1", "resource": resource}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": obj["metadata"]["name"],
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "mallory", "groups": ["system:authenticated"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
 
 
 def _pod(name: str) -> dict[str, Any]:
@@ -104,45 +74,6 @@ def _other_ca_client(directory: Path) -> tuple[Path, Path]:
     return directory / "client.crt", directory / "client.key"
 
 
-class Refused(Exception):
-    """The connection failed below HTTP (no response at all)."""
-
-
-async def _post(
-    url: str, ca_pem: str, client_pair: tuple[Path, Path] | None, review: dict[str, Any]
-) -> dict[str, Any]:
-    """POST ``review`` to the webhook; its ``response``, or :class:`Refused`."""
-    context = ssl.create_default_context(cadata=ca_pem)
-    if client_pair is not None:
-        context.load_cert_chain(*client_pair)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                url,
-                data=json.dumps(review).encode(),
-                headers={"Content-Type": "application/json"},
-                ssl=context,
-                timeout=aiohttp.ClientTimeout(total=15),
-            ) as response,
-        ):
-            assert 200 == response.status, await response.text()
-            body = await response.json()
-    except (aiohttp.ClientConnectionError, ssl.SSLError) as error:
-        raise Refused(repr(error)) from error
-    return dict(body["response"])
-
-
-async def _webhook_url_and_ca(api: client.ApiClient) -> tuple[str, str]:
-    response = await client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
-        "tally.dev", _preload_content=False
-    )
-    configuration = json.loads(await response.read())
-    (quota,) = [w for w in configuration["webhooks"] if w["name"] == QUOTA_WEBHOOK]
-    config = quota["clientConfig"]
-    return config["url"], base64.b64decode(config["caBundle"]).decode()
-
-
 async def _used(api: client.ApiClient, namespace: str) -> dict[str, str]:
     quota = await client.CoreV1Api(api).read_namespaced_resource_quota("q", namespace)
     return dict((quota.status and quota.status.used) or {})
@@ -165,12 +96,12 @@ async def test_only_the_api_servers_certificate_gets_an_answer(
         until=lambda used: used.get("pods") == "0" and "configmaps" in used,
         what="the quota's status.used",
     )
-    url, ca_pem = await _webhook_url_and_ca(api)
+    url, ca_pem = await webhook_url_and_ca(api)
 
     # 1. Forged: no client certificate, or one from another CA. Refused in the handshake.
     for client_pair in (None, _other_ca_client(tmp_path / "other")):
         with pytest.raises(Refused):
-            await _post(url, ca_pem, client_pair, _review(namespace, _pod("forged"), "pods", "Pod"))
+            await post(url, ca_pem, client_pair, review(namespace, _pod("forged"), "pods", "Pod"))
     await asyncio.sleep(1.0)  # time for a reservation to show, had one been made
     assert before == await _used(api, namespace)
 
@@ -187,11 +118,11 @@ async def test_only_the_api_servers_certificate_gets_an_answer(
     # 3. The control: the API server's certificate gets the same kind of forged review
     # answered, and a configmap (within quota) charged — what the refusals prevented.
     charged = await _used(api, namespace)
-    answer = await _post(
+    answer = await post(
         url,
         ca_pem,
         operator.webhook_client,
-        _review(namespace, {"metadata": {"name": "forged"}}, "configmaps", "ConfigMap"),
+        review(namespace, {"metadata": {"name": "forged"}}, "configmaps", "ConfigMap"),
     )
     assert answer["allowed"] is True, answer
     after = await _used(api, namespace)
