@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,11 @@ DEFAULT_NAMES = {
     "TALLY_LEADER_ELECTION_LEASE": "tally",
 }
 TOKEN_DURATION = "24h"
+FORBIDDEN = re.compile(
+    rf'forbidden: User "{re.escape(SERVICE_ACCOUNT_USER)}"|\(403\)\s*Reason: Forbidden'
+)
+"""How the API server's refusal of one of tally's requests for want of a right shows in tally's
+log: the API server's message, or kubernetes-asyncio's exception text (status and reason)."""
 GRANT_TIMEOUT_S = 30.0
 
 
@@ -239,6 +245,28 @@ def grant(admin_kubeconfig: Path, bin_dir: Path, env: Mapping[str, str]) -> None
             time.sleep(0.2)
 
 
+def revoke_cluster_roles(admin_kubeconfig: Path, bin_dir: Path) -> None:
+    """Delete the cluster-wide roles and bindings :func:`grant` applies (the manifests' and
+    the renamed ones), for a test that installs tally's own (a Helm release cannot take over
+    objects it did not create). The next :func:`grant` applies them again."""
+    names = {
+        (o["kind"], o["metadata"]["name"])
+        for o in manifests_rbac(bin_dir)
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
+    }
+    listed = _kubectl(
+        bin_dir, admin_kubeconfig, "get", "clusterroles,clusterrolebindings", "-o", "name"
+    ).stdout.split()
+    for item in listed:
+        kind, _, name = item.partition("/")
+        if name.startswith("tally-e2e-"):
+            names.add(
+                ("ClusterRole" if kind.startswith("clusterrole.") else "ClusterRoleBinding", name)
+            )
+    for kind, name in sorted(names):
+        _kubectl(bin_dir, admin_kubeconfig, "delete", kind.lower(), name, "--ignore-not-found")
+
+
 def service_account_kubeconfig(
     kubeconfig: Path, admin_kubeconfig: Path, bin_dir: Path, path: Path
 ) -> Path:
@@ -311,6 +339,7 @@ class TallyProcess:
         self.liveness_url = ""
         self.webhook_port = 0
         self.starts = 0
+        self._token_kubeconfig: Path | None = None
 
     # -- observing
 
@@ -323,6 +352,18 @@ class TallyProcess:
             for line in text.splitlines()
             if line.startswith((name + "{", name + " "))
         )
+
+    def refused_by_rbac(self) -> list[str]:
+        """Where tally's log shows the API server refusing tally a request for want of a right
+        (the line, with the next): a rule the shipped roles lack, unless the test took it away.
+        """
+        text = self.log_text(tail=1_000_000)
+        found = []
+        for match in FORBIDDEN.finditer(text):
+            start = text.rfind("\n", 0, match.start()) + 1
+            end = text.find("\n", match.end())
+            found.append(text[start : end if end >= 0 else None])
+        return found
 
     def log_text(self, tail: int = 60) -> str:
         try:
@@ -376,11 +417,15 @@ class TallyProcess:
         settings = {"TALLY_NAMESPACE": OWN_NAMESPACE, **self.extra_env}
         kubeconfig = self.kubeconfig
         if self.credentials == "service-account":
-            grant(self.admin_kubeconfig, self.bin_dir, settings)
-            kubeconfig = service_account_kubeconfig(
-                self.kubeconfig, self.admin_kubeconfig, self.bin_dir,
-                self.log.parent / f"{self.log.stem}.kubeconfig",
-            )  # fmt: skip
+            # Once per TallyProcess: a restart (the soak restarts replicas while the API server
+            # may be down) reuses the token, as a restarted container keeps its pod's.
+            if self._token_kubeconfig is None:
+                grant(self.admin_kubeconfig, self.bin_dir, settings)
+                self._token_kubeconfig = service_account_kubeconfig(
+                    self.kubeconfig, self.admin_kubeconfig, self.bin_dir,
+                    self.log.parent / f"{self.log.stem}.kubeconfig",
+                )  # fmt: skip
+            kubeconfig = self._token_kubeconfig
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),

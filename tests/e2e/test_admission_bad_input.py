@@ -298,6 +298,10 @@ async def test_review_for_a_resource_kopf_does_not_know_is_judged_like_any_objec
         return dict((api.sanitize_for_serialization(quota).get("status") or {}).get("hard") or {})
 
     await eventually(hard, until=lambda h: name in h, within=10, what="status.hard")
+    # Another request (a new uid): the same bytes again would be a retry, answered as before.
+    review = _review(
+        namespace, obj, group="nowhere.tally.dev", version="v1", resource="widgets", kind="Widget"
+    )
     answer = await webhook.review(review)
     assert answer["allowed"] is False, answer
     assert answer["status"]["code"] == 403, answer

@@ -21,8 +21,9 @@ directory, never in the user's home.
 
   Nothing else: names, namespaces, specs, env order, comments aside everything is compared.
 * The overlays as values: ``certificates.mode=cert-manager`` equals
-  ``kubectl kustomize overlays/cert-manager`` and ``webhook.mutualTLS.enabled`` equals
-  ``overlays/mutual-tls``, with the same label normalisation, and for cert-manager one more:
+  ``kubectl kustomize overlays/cert-manager``, and ``webhook.mutualTLS.enabled=false`` with
+  ``webhook.allowedSources`` equals ``overlays/control-plane-network``, with the same label
+  normalisation, and for cert-manager one more:
   the container's env, volumeMounts and the pod's volumes compared as sets keyed by name (the
   overlay's strategic-merge patch puts new list items first; the chart puts the mount where
   the Secret setting was; no value refers to another with ``$(VAR)``, so order means nothing).
@@ -54,6 +55,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from operator_process import revoke_cluster_roles
 
 import cluster
 import helm
@@ -191,7 +193,10 @@ def kinds(objects: list[Obj]) -> set[Key]:
 LINTED = {
     "defaults": [],
     "cert-manager": ["certificates.mode=cert-manager"],
-    "mutual-tls": ["webhook.mutualTLS.enabled=true"],
+    "control-plane-network": [
+        "webhook.mutualTLS.enabled=false", "webhook.allowedSources[0].ipBlock.cidr=192.0.2.0/24",
+    ],
+    "unauthenticated": ["webhook.mutualTLS.enabled=false", "webhook.unauthenticated=true"],
     "namespaces": ["watchedNamespaces={team-a,team-b}"],
     "one-replica": ["replicaCount=1", "leaderElection.enabled=false"],
     "everything": [
@@ -303,16 +308,38 @@ def test_cert_manager_is_the_overlay(helm_env: dict[str, str]) -> None:
         assert expected == chart[object_key], object_key
 
 
-def test_mutual_tls_is_the_overlay(helm_env: dict[str, str]) -> None:
-    chart = normalised(render(helm_env, "webhook.mutualTLS.enabled=true"))
-    overlay = by_key(kustomize(REPO / "overlays" / "mutual-tls"))
+def test_control_plane_network_is_the_overlay(helm_env: dict[str, str]) -> None:
+    chart = normalised(
+        render(
+            helm_env,
+            "webhook.mutualTLS.enabled=false",
+            "webhook.allowedSources[0].ipBlock.cidr=192.0.2.0/24",
+        )
+    )
+    overlay = by_key(kustomize(REPO / "overlays" / "control-plane-network"))
     overlay.pop(("Namespace", "", NAMESPACE))
     for crd_key in crd_files():
         chart.pop(crd_key)
         overlay.pop(crd_key)
-    assert sorted(overlay) == sorted(chart)  # no ConfigMap: it is the user's
+    assert sorted(overlay) == sorted(chart)
     for object_key, expected in overlay.items():
         assert expected == chart[object_key], object_key
+
+
+def test_a_webhook_nobody_authenticates_does_not_render(helm_env: dict[str, str]) -> None:
+    # Neither mutual TLS nor a fence: anything in the cluster could post forged reviews.
+    result = run_helm(
+        helm_env, "template", RELEASE, str(CHART), f"--namespace={NAMESPACE}",
+        "--set=webhook.mutualTLS.enabled=false", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "webhook.mutualTLS.enabled=false needs webhook.allowedSources" in result.stderr
+    # Unless asked for in so many words; then the port admits any source.
+    objects = render(helm_env, "webhook.mutualTLS.enabled=false", "webhook.unauthenticated=true")
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert all("from" not in rule for rule in policy["spec"]["ingress"])
+    _, container = tally_container(objects)
+    assert "TALLY_WEBHOOK_CLIENT_CA" not in tally_env(container)
 
 
 def test_mutual_tls_client_ca_from_values(helm_env: dict[str, str], tmp_path: Path) -> None:
@@ -547,6 +574,8 @@ def test_helm_install_and_uninstall(
         for name in crds
     }
     kubeconfig = control_plane.kubeconfig
+    # Other modules ran tally under the manifests' roles: a release cannot adopt those.
+    revoke_cluster_roles(kubeconfig, control_plane.bin_dir)
     try:
         installed = run_helm(
             helm_env, "install", RELEASE, str(CHART), f"--namespace={fresh_namespace}",

@@ -1,7 +1,10 @@
-"""The optional kustomize overlays of ``manifests/`` render, and tell tally consistent things.
+"""``manifests/`` and its kustomize overlays render, and tell tally consistent things.
 
-* ``overlays/mutual-tls``: the webhook requires the API server's client certificate; the CA
-  comes from a ConfigMap mounted where ``TALLY_WEBHOOK_CLIENT_CA`` points.
+* ``manifests/``: the webhook requires the API server's client certificate (mutual TLS); the
+  CA comes from a ConfigMap mounted where ``TALLY_WEBHOOK_CLIENT_CA`` points.
+* ``overlays/control-plane-network`` (a control plane that presents no client certificate):
+  the same objects, without mutual TLS, and the NetworkPolicy admits nothing but the listed
+  sources to the webhook port (as shipped, a documentation range to be replaced).
 * ``overlays/cert-manager``: the serving certificate comes from cert-manager; the Deployment
   mounts the Certificate's Secret where ``TALLY_WEBHOOK_CERT_MOUNT`` points, the Certificate
   names every host tally checks, its Issuer is a CA (a stable caBundle), and tally keeps no
@@ -76,18 +79,33 @@ def volume_for(spec: dict[str, Any], container: dict[str, Any], path: str) -> di
     raise AssertionError(f"nothing is mounted at {path}")
 
 
-def test_mutual_tls_overlay() -> None:
-    base, objects = render(REPO / "manifests"), render(REPO / "overlays" / "mutual-tls")
-    assert keys(base) == keys(objects)  # the base, patched, and nothing else
-    spec, container = tally_container(objects)
+def test_the_base_runs_with_mutual_tls() -> None:
+    spec, container = tally_container(render(REPO / "manifests"))
     env = tally_env(container, "tally-system")
     Settings.from_env(env)  # tally's own checks accept it
-    _, base_container = tally_container(base)
-    assert "TALLY_WEBHOOK_CLIENT_CA" not in tally_env(base_container, "tally-system")
     volume = volume_for(spec, container, env["TALLY_WEBHOOK_CLIENT_CA"])
     assert {"name": "tally-webhook-client-ca"} == volume["configMap"]  # not optional
     assert "ca.crt" == volume["inside"]
     assert volume["readOnly"]
+
+
+def test_control_plane_network_overlay() -> None:
+    base = render(REPO / "manifests")
+    objects = render(REPO / "overlays" / "control-plane-network")
+    assert keys(base) == keys(objects)  # the base, patched, and nothing else
+    spec, container = tally_container(objects)
+    env = tally_env(container, "tally-system")
+    Settings.from_env(env)
+    assert "TALLY_WEBHOOK_CLIENT_CA" not in env
+    assert "webhook-client-ca" not in {v["name"] for v in spec["volumes"]}
+    assert "webhook-client-ca" not in {m["name"] for m in container["volumeMounts"]}
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (base_policy,) = [o for o in base if o["kind"] == "NetworkPolicy"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert [{"port": "webhook", "protocol": "TCP"}] == webhook["ports"]
+    assert [{"ipBlock": {"cidr": "192.0.2.0/24"}}] == webhook["from"]
+    assert base_policy["spec"]["ingress"][1] == metrics
+    assert "from" not in base_policy["spec"]["ingress"][0]
 
 
 def test_cert_manager_overlay() -> None:

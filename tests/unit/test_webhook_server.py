@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -236,6 +237,18 @@ async def test_an_allowed_request(served: tuple[Client, list[Attributes]]) -> No
     assert 200 == status
     assert {"uid": "u-1", "allowed": True} == body["response"]
     assert ("ns", "p", "CREATE") == (seen[0].namespace, seen[0].name, seen[0].operation)
+
+
+async def test_the_first_review_from_each_address_is_logged(
+    served: tuple[Client, list[Attributes]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Where the API server calls from is what a NetworkPolicy admitting it must name.
+    client, _ = served
+    caplog.set_level(logging.INFO, logger="tally.webhook.server")
+    for name in ("a", "b"):
+        await client.post("/quota", json.dumps(_review({"metadata": {"name": name}})).encode())
+    noted = [r.getMessage() for r in caplog.records if "first review from" in r.getMessage()]
+    assert ["webhook: first review from 127.0.0.1"] == noted
 
 
 async def test_a_refusal_carries_code_and_message(served: tuple[Client, list[Attributes]]) -> None:

@@ -37,4 +37,7 @@ Values no schema can check: combinations.
 {{- if and (not .Values.leaderElection.enabled) (gt (int .Values.replicaCount) 1) }}
 {{- fail "leaderElection.enabled=false needs replicaCount=1: replicas without leader election would all run the controllers and write every quota's status" }}
 {{- end }}
+{{- if not (or .Values.webhook.mutualTLS.enabled .Values.webhook.allowedSources .Values.webhook.unauthenticated) }}
+{{- fail "webhook.mutualTLS.enabled=false needs webhook.allowedSources (your control plane's addresses, docs/install.md \"Who may call the webhook\"): otherwise anything in the cluster can post forged reviews to tally's webhook and use up quotas (webhook.unauthenticated=true renders it anyway, for a throwaway cluster)" }}
+{{- end }}
 {{- end }}

@@ -223,6 +223,9 @@ CLOSE_TIMEOUT_S: Final = 0.5
 """How long closing the connections waits for a handler still running once the drain is over
 (aiohttp's runner; the reviews it would wait for were given their time already)."""
 
+NOTED_PEERS: Final = 64
+"""Addresses whose first review is logged; later new ones are not (an address per API server
+replica, or per node where the CNI rewrites the source, stays far below)."""
 MAX_HEADERS: Final = 32
 """Header fields a request may carry (aiohttp's default is 128, each up to 8 KiB): the API
 server sends fewer than ten, and a head being received is held in memory."""
@@ -265,6 +268,7 @@ class WebhookServer:
             window=self.limits.answered_window, max_answers=self.limits.answered_max
         )
         self._refusals = 0
+        self._peers: set[str] = set()
         self._reported_at: float | None = None
 
     @property
@@ -377,6 +381,7 @@ class WebhookServer:
         handler = self.handlers.get(webhook)
         if handler is None:
             raise aiohttp.web.HTTPNotFound(reason=f"no webhook at {request.path}")
+        self._note_peer(request.remote)
         declared = request.content_length
         if declared is not None and declared > self.limits.max_body_bytes:
             raise self._too_large()
@@ -442,6 +447,15 @@ class WebhookServer:
             logger.exception("webhook %s failed on %s", path, _describe(review))
             response = review_response(review, False, f"tally failed: {error}", 500)
         return json.dumps(response).encode()
+
+    def _note_peer(self, address: str | None) -> None:
+        """Log the first review from each address (up to :data:`NOTED_PEERS`): where the API
+        server's calls come from, which a NetworkPolicy admitting only the control plane must
+        name (docs/install.md, "Who may call the webhook")."""
+        if address is None or address in self._peers or len(self._peers) >= NOTED_PEERS:
+            return
+        self._peers.add(address)
+        logger.info("webhook: first review from %s", address)
 
     def _too_large(self) -> aiohttp.web.HTTPException:
         return aiohttp.web.HTTPRequestEntityTooLarge(
