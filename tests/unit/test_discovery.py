@@ -20,6 +20,7 @@ from tally.kube.reflector import StatusError
 from tally.machinery.cache import Store
 from tally.machinery.informers import Informer
 from tally.resourcequota.discovery import (
+    REASON_FAILED_LIST,
     REASON_FORBIDDEN,
     REASON_UNKNOWN_RESOURCE,
     REASON_UNSUPPORTED,
@@ -332,11 +333,12 @@ class StubReflector:
     """Stands in for :class:`tally.kube.reflector.Reflector`: lists nothing until told."""
 
     def __init__(self, source: Any, store: Store[Any], *, name: str, on_synced: Any,
-                 on_failure: Any) -> None:  # fmt: skip
+                 on_failure: Any, on_list_trouble: Any) -> None:  # fmt: skip
         self.source = source
         self.informer: Informer[Any] = Informer(name, store, self._list)
         self.on_synced = on_synced
         self.on_failure = on_failure
+        self.on_list_trouble = on_list_trouble
         self.running = False
         self.items: list[Obj] = []
 
@@ -606,6 +608,36 @@ async def test_forbidden_watch_stays_reported_while_retried() -> None:
     assert [("q", REASON_FORBIDDEN)] == h.recorder.events
 
     await h.reflector(WIDGETS).sync()
+    assert WIDGETS not in h.kinds.problems
+    assert WIDGETS in h.stores
+
+
+async def test_a_kind_whose_lists_keep_failing_is_reported_and_stays_watched() -> None:
+    # Its conversion webhook is down: every LIST of the preferred version fails with a 500.
+    # Upstream's controller waits for every monitor to sync and so stalls every quota
+    # (kubernetes#96066); here only the quotas naming the kind wait, and they say why.
+    h = Harness(DOCUMENTS)
+    h.quotas = [
+        quota("broken", {"count/widgets.example.com": "1", "pods": "5"}),
+        quota("fine", {"pods": "5"}),
+    ]
+    await h.kinds.refresh()
+    trouble = StatusError(500, "StorageReadError", "conversion webhook for example.com/v2 failed")
+    h.reflector(WIDGETS).on_list_trouble(trouble)
+    await h.kinds.refresh(full=False)
+    assert [("broken", REASON_FAILED_LIST)] == h.recorder.events
+    assert REASON_FAILED_LIST == h.kinds.problems[WIDGETS].reason
+    assert str(trouble) in h.kinds.problems[WIDGETS].message
+    # Still watched (the reflector retries), told once, also across full passes.
+    await h.kinds.refresh(full=True)
+    await h.kinds.refresh(full=True)
+    assert {WIDGETS} == h.kinds.active
+    assert WIDGETS in h.kinds.problems
+    assert [("broken", REASON_FAILED_LIST)] == h.recorder.events
+    # The webhook is back: a LIST succeeds, the kind is counted, the problem is gone.
+    h.reflector(WIDGETS).on_list_trouble(None)
+    await h.reflector(WIDGETS).sync()
+    await h.kinds.refresh(full=True)
     assert WIDGETS not in h.kinds.problems
     assert WIDGETS in h.stores
 

@@ -253,6 +253,30 @@ async def test_failed_list_is_retried_after_backoff() -> None:
     assert 1 == recorder.synced
 
 
+async def test_lists_that_keep_failing_are_told_once_and_their_end_too() -> None:
+    trouble: list[Exception | None] = []
+    failing = [StatusError(500, "StorageReadError") for _ in range(4)]
+    source = ScriptedSource(lists=[*failing, ([obj("a", "1")], "5")], watches=[])
+    recorder = Recorder()
+    reflector = make(source, recorder, on_list_trouble=trouble.append)
+    await run_until_idle(reflector, source)
+
+    # Told at the third failure in a row (not the fourth), and once the fifth LIST worked.
+    assert [failing[2], None] == trouble
+    assert 1 == recorder.synced
+
+
+async def test_a_failed_list_or_two_is_not_trouble() -> None:
+    trouble: list[Exception | None] = []
+    source = ScriptedSource(
+        lists=[StatusError(500, "InternalError"), StatusError(503, "x"), ([obj("a", "1")], "5")],
+        watches=[],
+    )
+    reflector = make(source, Recorder(), on_list_trouble=trouble.append)
+    await run_until_idle(reflector, source)
+    assert [] == trouble
+
+
 @pytest.mark.parametrize(
     ("lists", "watches", "calls"),
     [

@@ -318,3 +318,56 @@ def test_managed_namespaces_may_include_an_exempt_one() -> None:
     settings = Settings.from_env({"TALLY_NAMESPACES": "team-a,kube-system"})
     assert {"team-a", "kube-system"} == settings.watched_namespaces
     assert ("kube-system",) == settings.webhook_exempt_namespaces
+
+
+@pytest.mark.parametrize(
+    ("environ", "mode"),
+    [
+        # The default address is every interface: reachable from elsewhere, so authenticated.
+        pytest.param({}, "kubernetes", id="default"),
+        pytest.param({"TALLY_METRICS_ADDR": "0.0.0.0"}, "kubernetes", id="every-interface"),
+        pytest.param({"TALLY_METRICS_ADDR": "::"}, "kubernetes", id="every-interface-v6"),
+        pytest.param({"TALLY_METRICS_ADDR": "10.244.1.7"}, "kubernetes", id="pod-address"),
+        pytest.param({"TALLY_METRICS_ADDR": "tally.local"}, "kubernetes", id="a-name"),
+        # Loopback: only this host reaches it (make run, the e2e tests and benchmarks).
+        pytest.param({"TALLY_METRICS_ADDR": "127.0.0.1"}, "none", id="loopback"),
+        pytest.param({"TALLY_METRICS_ADDR": "127.1.2.3"}, "none", id="loopback-net"),
+        pytest.param({"TALLY_METRICS_ADDR": "::1"}, "none", id="loopback-v6"),
+        pytest.param({"TALLY_METRICS_ADDR": "::ffff:127.0.0.1"}, "none", id="loopback-mapped"),
+        pytest.param({"TALLY_METRICS_ADDR": "localhost"}, "none", id="localhost"),
+        pytest.param({"TALLY_METRICS_ADDR": "LocalHost"}, "none", id="localhost-any-case"),
+        # Said outright, whatever the address.
+        pytest.param(
+            {"TALLY_METRICS_ADDR": "127.0.0.1", "TALLY_METRICS_AUTH": "kubernetes"},
+            "kubernetes",
+            id="kubernetes-on-loopback",
+        ),
+        pytest.param(
+            {"TALLY_METRICS_ADDR": "0.0.0.0", "TALLY_METRICS_AUTH": "none"},
+            "none",
+            id="none-on-every-interface",
+        ),
+        pytest.param(
+            {"TALLY_METRICS_ADDR": "0.0.0.0", "TALLY_METRICS_AUTH": "auto"},
+            "kubernetes",
+            id="auto-said-outright",
+        ),
+    ],
+)
+def test_metrics_auth(environ: dict[str, str], mode: str) -> None:
+    assert mode == Settings.from_env(environ).metrics_auth_mode
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("Kubernetes", id="case-matters"),
+        pytest.param("token", id="unknown"),
+        pytest.param("off", id="not-none"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_bad_metrics_auth_is_named(value: str) -> None:
+    with pytest.raises(SettingsError, match="invalid settings") as error:
+        Settings.from_env({"TALLY_METRICS_AUTH": value})
+    assert f"TALLY_METRICS_AUTH={value!r}" in str(error.value)

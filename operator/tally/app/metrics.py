@@ -29,22 +29,43 @@
 
 Served by aiohttp (already Kopf's server library) on the operator's own loop rather than
 prometheus-client's threaded HTTP server: tally keeps threads out of the process.
+
+**Who may read them** (``TALLY_METRICS_AUTH``, ``Settings.metrics_auth_mode``): quota names,
+namespaces and every tenant's usage are not for anyone who reaches the port. As
+controller-runtime's secure metrics serve them, ``kubernetes`` serves HTTPS with a certificate
+made in memory at start-up (:func:`self_signed_context`: nobody holds its CA, so scrapers skip
+verification; what they prove is who *they* are) and lets a request through only when the API
+server authenticates its bearer token and allows its user ``get`` on ``/metrics``
+(:func:`with_authentication_and_authorization`, the decisions and caches in
+:mod:`tally.machinery.delegating_auth`, the reviews on the API in
+:mod:`tally.kube.access_reviews`). ``none`` serves plain HTTP to anyone, meant for a loopback
+address. Left out: a certificate of the operator's own (mounted files) and client certificates.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+import os
+import re
+import socket
+import ssl
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from tally.app.settings import is_loopback
 from tally.charges import ReleaseReason
+from tally.machinery import delegating_auth
 from tally.quota.quantity import Quantity
 from tally.resourcequota.controller import QuotaKey
+from tally.webhook import certs, tls
 from tally.workqueue import PrometheusMetricsProvider
 
 logger = logging.getLogger(__name__)
@@ -339,18 +360,129 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    async def serve(self, addr: str, port: int) -> web.AppRunner:
-        """Start ``GET /metrics`` on ``addr:port``; the caller cleans the runner up."""
+    async def serve(
+        self,
+        addr: str,
+        port: int,
+        *,
+        reviewer: delegating_auth.Reviewer | None = None,
+        tls_hosts: Sequence[str] | None = None,
+    ) -> web.AppRunner:
+        """Start ``GET /metrics`` on ``addr:port``; the caller cleans the runner up.
+
+        With ``reviewer`` (``TALLY_METRICS_AUTH`` resolved to ``kubernetes``): over HTTPS with
+        a certificate made now for ``tls_hosts`` (default :func:`serving_hosts`), every request
+        judged by :class:`~tally.machinery.delegating_auth.DelegatingAuth` asking ``reviewer``.
+        Without: plain HTTP to anyone who reaches the port, with a warning unless ``addr`` is a
+        loopback address.
+        """
 
         async def metrics(_: web.Request) -> web.Response:
             response = web.Response(body=self.exposition())
             response.headers["Content-Type"] = CONTENT_TYPE_LATEST
             return response
 
-        app = web.Application()
+        middlewares: list[Middleware] = []
+        context: ssl.SSLContext | None = None
+        if reviewer is not None:
+            middlewares.append(
+                with_authentication_and_authorization(delegating_auth.DelegatingAuth(reviewer))
+            )
+            context = self_signed_context(
+                tls_hosts if tls_hosts is not None else serving_hosts(),
+                datetime.datetime.now(datetime.UTC),
+            )
+        else:
+            warning = open_metrics_warning(addr, port)
+            if warning:
+                logger.warning("%s", warning)
+        app = web.Application(middlewares=middlewares)
         app.add_routes([web.get("/metrics", metrics)])
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, addr, port).start()
-        logger.info("serving metrics at http://%s:%d/metrics", addr, port)
+        await web.TCPSite(runner, addr, port, ssl_context=context).start()
+        logger.info(
+            "serving metrics at %s://%s:%d/metrics (%s)",
+            "https" if context is not None else "http",
+            addr,
+            port,
+            "to users the API server allows get on /metrics"
+            if reviewer is not None
+            else "to anyone who reaches the port",
+        )
         return runner
+
+
+# -- secure serving (TALLY_METRICS_AUTH=kubernetes)
+
+SELF_SIGNED_VALIDITY: Final = datetime.timedelta(days=365)
+"""Of the certificate made at start-up (client-go's ``GenerateSelfSignedCertKey``, which
+controller-runtime's metrics server makes without a cert dir, lasts a year too). Never renewed:
+nobody holds its CA, so every client skips verification, its dates included (Prometheus'
+``insecure_skip_verify`` and curl's ``-k`` check nothing of the certificate)."""
+
+_DNS_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def serving_hosts() -> tuple[str, ...]:
+    """The names the metrics certificate carries: the pod's name (``HOSTNAME`` in a pod, else
+    the host's name), when it is a DNS name, then ``localhost`` and ``127.0.0.1`` (client-go's
+    ``GenerateSelfSignedCertKey("localhost", [127.0.0.1])``). The first is its common name."""
+    name = (os.environ.get("HOSTNAME") or socket.gethostname()).lower()
+    hosts = ["localhost", "127.0.0.1"]
+    if len(name) <= 253 and _DNS_NAME.fullmatch(name) and name != "localhost":
+        hosts.insert(0, name)
+    return tuple(hosts)
+
+
+def self_signed_context(hosts: Sequence[str], now: datetime.datetime) -> ssl.SSLContext:
+    """A server context presenting a certificate for ``hosts`` (common name ``hosts[0]``)
+    signed by a CA made with it, both kept in memory only: as client-go's
+    ``GenerateSelfSignedCertKey``, the chain served is the certificate and that CA.
+
+    ``ssl`` loads a pair only from files: they are written to a private temporary directory
+    for the moment of loading and removed at once.
+    """
+    common_name = hosts[0]
+    ca, ca_key = certs.new_ca(now, SELF_SIGNED_VALIDITY, common_name=f"{common_name}-ca")
+    cert, key = certs.new_serving_certificate(
+        ca, ca_key, hosts, now, SELF_SIGNED_VALIDITY, common_name=common_name
+    )
+    material = certs.Material(cas=(ca,), ca_key=ca_key, cert=cert, key=key)
+    context = tls.server_context()
+    with tempfile.TemporaryDirectory(prefix="tally-metrics-tls-") as directory:
+        chain, private = Path(directory, certs.TLS_CRT), Path(directory, certs.TLS_KEY)
+        private.touch(mode=0o600)
+        private.write_bytes(material.key_pem)
+        chain.write_bytes(material.cert_pem + material.ca_bundle)
+        context.load_cert_chain(chain, private)
+    return context
+
+
+def open_metrics_warning(addr: str, port: int) -> str:
+    """Why serving ``/metrics`` unauthenticated on ``addr`` is a risk; "" on a loopback
+    address, which only this host reaches."""
+    if is_loopback(addr):
+        return ""
+    return (
+        f"TALLY_METRICS_AUTH=none with TALLY_METRICS_ADDR={addr!r}: /metrics (quota names, "
+        f"namespaces, every tenant's usage) is served over plain HTTP to anyone who reaches "
+        f"port {port}; set TALLY_METRICS_AUTH=kubernetes (or leave it unset: auto is "
+        "kubernetes on this address), or bind TALLY_METRICS_ADDR to 127.0.0.1"
+    )
+
+
+def with_authentication_and_authorization(auth: delegating_auth.DelegatingAuth) -> Middleware:
+    """controller-runtime's ``filters.WithAuthenticationAndAuthorization`` as aiohttp
+    middleware: a request reaches its handler only when ``auth`` allows it, and is answered
+    otherwise with ``auth``'s verdict (401 with ``WWW-Authenticate``, 403, 503) as text."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        verdict = await auth.check(request.headers.get(hdrs.AUTHORIZATION))
+        if verdict.allowed:
+            return await handler(request)
+        headers = {hdrs.WWW_AUTHENTICATE: verdict.challenge} if verdict.challenge else None
+        return web.Response(status=verdict.status, text=verdict.message + "\n", headers=headers)
+
+    return middleware

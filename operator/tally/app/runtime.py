@@ -61,6 +61,7 @@ from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
+from tally.kube.access_reviews import KubeAccessReviewer
 from tally.kube.charge_verifier import KubeChargeVerifier
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.events import WarningRecorder
@@ -550,7 +551,12 @@ class Runtime:
         settings = self.settings
         if settings.metrics_port:
             self._metrics_runner = await self.metrics.serve(
-                settings.metrics_addr, settings.metrics_port
+                settings.metrics_addr,
+                settings.metrics_port,
+                # Reviews on the dedicated client: a scrape is not judged behind a burst.
+                reviewer=KubeAccessReviewer(self.dedicated_api)
+                if settings.metrics_auth_mode == "kubernetes"
+                else None,
             )
         try:
             await self._sync_and_check()

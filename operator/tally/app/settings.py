@@ -9,6 +9,7 @@ wiring; these are tally's.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -46,6 +47,21 @@ def parse_object_reference(text: str) -> tuple[str, str]:
     ):
         raise ValueError(f"{text!r} is not <namespace>/<name>")
     return namespace, name
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` is reachable from this host only: ``localhost``,
+    127.0.0.0/8, ``::1`` (and 127.0.0.0/8 written as an IPv4-mapped IPv6 address). Anything
+    else, an unspecified address or a name included, may be reachable from elsewhere."""
+    if host.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip())
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class SettingsError(ValueError):
@@ -91,6 +107,15 @@ class Settings(BaseModel):
     """``TALLY_METRICS_ADDR``: where ``/metrics`` listens."""
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     """``TALLY_METRICS_PORT``: ``/metrics`` port; 0 turns the endpoint off."""
+    metrics_auth: Literal["auto", "kubernetes", "none"] = "auto"
+    """``TALLY_METRICS_AUTH``: who may read ``/metrics`` (quota names, namespaces, every
+    tenant's usage). ``kubernetes``: HTTPS, and only a bearer token the API server
+    authenticates (TokenReview) of a user it allows ``get`` on the non-resource URL
+    ``/metrics`` (SubjectAccessReview), controller-runtime's secure metrics
+    (:mod:`tally.machinery.delegating_auth`); ``none``: plain HTTP to anyone who reaches the
+    port (a warning at start-up unless ``TALLY_METRICS_ADDR`` is a loopback address);
+    ``auto``: ``none`` on a loopback address, which only this host reaches (local development,
+    the test suites), else ``kubernetes``. See :attr:`metrics_auth_mode`."""
 
     webhook_enabled: bool = True
     """``TALLY_WEBHOOK_ENABLED``: serve and register the quota admission webhook."""
@@ -272,6 +297,15 @@ class Settings(BaseModel):
                 f"{self.leader_election_retry_period:g}: {problem} (client-go's rules)"
             )
         return self
+
+    @property
+    def metrics_auth_mode(self) -> Literal["kubernetes", "none"]:
+        """``TALLY_METRICS_AUTH`` with ``auto`` resolved by ``TALLY_METRICS_ADDR``."""
+        if self.metrics_auth == "kubernetes":
+            return "kubernetes"
+        if self.metrics_auth == "none":
+            return "none"
+        return "none" if is_loopback(self.metrics_addr) else "kubernetes"
 
     @property
     def lease_namespace(self) -> str:

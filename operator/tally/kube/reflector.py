@@ -171,6 +171,12 @@ class ListWatchSource(Protocol):
         ...
 
 
+LIST_TROUBLE_AFTER: Final = 3
+"""Failed LISTs in a row after which the owner hears of it (1 + 2 + 4 s of backoff): a kind
+the API server keeps failing to list (a conversion webhook that is down, an aggregated API
+that is gone) is not a blip."""
+
+
 class Reflector:
     """Keeps one informer's store true by LIST and WATCH (upstream ``Reflector``).
 
@@ -187,6 +193,7 @@ class Reflector:
         name: str,
         on_synced: Callable[[], None] | None = None,
         on_failure: Callable[[StatusError], None] | None = None,
+        on_list_trouble: Callable[[Exception | None], None] | None = None,
         page_size: int = PAGE_SIZE,
         watch_timeout: Callable[[], int] | None = None,
         backoff: Backoff | None = None,
@@ -199,6 +206,10 @@ class Reflector:
         """Called once, after the first LIST of this reflector reconciled the store."""
         self._on_failure = on_failure
         """Called with the error when the reflector gives up (403/404/405); it then stops."""
+        self._on_list_trouble = on_list_trouble
+        """Called with the error once :data:`LIST_TROUBLE_AFTER` LISTs in a row failed (the
+        reflector goes on retrying), and with None when a LIST succeeds after that."""
+        self._list_failures = 0
         self._page_size = page_size
         self._watch_timeout = watch_timeout or _random_watch_timeout
         self._backoff = backoff or Backoff()
@@ -256,9 +267,15 @@ class Reflector:
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
+                    self._list_failures += 1
+                    if self._list_failures == LIST_TROUBLE_AFTER and self._on_list_trouble:
+                        self._callback(self._on_list_trouble, error)
                     if not await self._recover("LIST", error, progressed=False):
                         return
                     continue
+                if self._list_failures >= LIST_TROUBLE_AFTER and self._on_list_trouble:
+                    self._callback(self._on_list_trouble, None)
+                self._list_failures = 0
                 self.lists += 1
                 self.resource_version = self._listed_version
                 if not self._synced_once:

@@ -95,6 +95,10 @@ REASON_FORBIDDEN: Final = "Forbidden"
 """tally may not discover, list or watch the resource (RBAC)."""
 REASON_UNSUPPORTED: Final = "UnsupportedResource"
 """The resource exists but cannot be counted: cluster-scoped, or lacking a required verb."""
+REASON_FAILED_LIST: Final = "FailedList"
+"""The API server keeps failing to list the resource (its conversion webhook is down, its
+aggregated API server is gone): retried, and reported until a LIST succeeds. Only the quotas
+naming it wait; every other quota is counted as usual."""
 EVENT_COMPONENT: Final = "tally"
 
 
@@ -326,6 +330,8 @@ class _Kind:
     """The first LIST is done; evaluator and store are visible to the controller."""
     failure: Problem | None = None
     """Set by the reflector's fatal callback; the next pass drops the kind."""
+    trouble: Problem | None = None
+    """Set while the reflector's LISTs keep failing (it retries): reported, never dropped."""
 
 
 @dataclass
@@ -527,6 +533,10 @@ class DynamicKinds:
                     continue
                 await self._apply(gr, result)
 
+        # Kinds whose LISTs keep failing: still watched (retried), reported meanwhile.
+        for gr, kind in self._kinds.items():
+            if kind.trouble is not None:
+                self.problems[gr] = kind.trouble
         self._forget_reports(wanted)
         await self._report(wanted)
 
@@ -562,12 +572,25 @@ class DynamicKinds:
             kind.failure = problem_for_failure(gr, error)
             self.poke()
 
+        def on_list_trouble(error: Exception | None) -> None:
+            assert kind is not None
+            if error is None:
+                kind.trouble = None
+                if self.problems.get(gr) is not None and self.problems[gr].reason == (
+                    REASON_FAILED_LIST
+                ):
+                    del self.problems[gr]
+            else:
+                kind.trouble = Problem(REASON_FAILED_LIST, f"listing it fails: {error}")
+            self.poke()
+
         reflector = self._reflector_factory(
             KubeListWatch(self._watch_api, resource.ref),
             store,
             name=str(gr),
             on_synced=on_synced,
             on_failure=on_failure,
+            on_list_trouble=on_list_trouble,
         )
         reflector.informer.add_handler(
             replenisher(
