@@ -133,3 +133,15 @@ def test_every_release_reason_is_exported_from_the_start() -> None:
     metrics.charge_released("unverified")
     metrics.charge_released("duplicate")
     assert [0.0, 0.0, 2.0, 1.0] == [sample(metrics, name, reason=reason) for reason in reasons]
+
+
+def test_uncounted_resources_are_read_at_each_scrape() -> None:
+    metrics = Metrics()
+    problems: dict[str, str] = {}
+    metrics.watch_uncounted(lambda: problems)
+    name = "tally_uncounted_resource"
+    assert sample(metrics, name, resource="convs.example.com", reason="FailedList") is None
+    problems["convs.example.com"] = "FailedList"
+    assert 1.0 == sample(metrics, name, resource="convs.example.com", reason="FailedList")
+    problems.clear()  # counted again: the series is gone, not 0
+    assert sample(metrics, name, resource="convs.example.com", reason="FailedList") is None

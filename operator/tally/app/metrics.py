@@ -20,6 +20,9 @@
   ``tally_clusterquota_status_condition{name, condition, status}`` (the ``*_status_condition``
   shape: 1 for the condition's current status, 0 for the other two), which an alert reads to
   tell a ClusterQuota whose usage cannot be computed;
+* ``count/`` resources quotas name that tally does not count, and why:
+  ``tally_uncounted_resource{resource, reason}`` (1 each; the reason is the Event's on the
+  quotas, e.g. ``FailedList`` while the API server cannot list the kind);
 * leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
   holds the Lease, or runs without election), else 0; the sum over replicas should be 1;
 * the webhook server's certificate: ``tally_webhook_certificate_expiry_timestamp_seconds``, the
@@ -51,14 +54,16 @@ import re
 import socket
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from tally.app.settings import is_loopback
 from tally.charges import ReleaseReason
@@ -337,6 +342,11 @@ class Metrics:
         """Report the ledger's oldest pending charge at every scrape."""
         self.oldest_unconfirmed_charge.set_function(lambda: oldest_age() or 0.0)
 
+    def watch_uncounted(self, problems: Callable[[], Mapping[str, str]]) -> None:
+        """Report, at every scrape, the resources quotas name that tally does not count
+        (``problems``: resource to reason), as ``tally_uncounted_resource{resource, reason}``."""
+        self.registry.register(_Uncounted(problems))
+
     def enforcing(self, *, resource_quotas: bool) -> None:
         self.enforcing_gauge.labels("ResourceQuota").set(1 if resource_quotas else 0)
         self.enforcing_gauge.labels("ClusterQuota").set(1)
@@ -486,3 +496,24 @@ def with_authentication_and_authorization(auth: delegating_auth.DelegatingAuth) 
         return web.Response(status=verdict.status, text=verdict.message + "\n", headers=headers)
 
     return middleware
+
+
+class _Uncounted(Collector):
+    """``tally_uncounted_resource``: 1 for each resource some quota counts (``count/<r>.<g>``)
+    that tally does not, labelled with why (the Event reason on those quotas: ``FailedList``,
+    ``Forbidden``, ``UnknownResource``, ``UnsupportedResource``); nothing when all are counted.
+    Read at scrape time from the dynamic kinds' problems, so a problem solved leaves no series.
+    """
+
+    def __init__(self, problems: Callable[[], Mapping[str, str]]) -> None:
+        self._problems = problems
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tally_uncounted_resource",
+            "Resources a quota counts that tally does not count, by reason (1 each)",
+            labels=["resource", "reason"],
+        )
+        for resource, reason in sorted(self._problems().items()):
+            family.add_metric([resource, reason], 1.0)
+        yield family

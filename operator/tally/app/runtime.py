@@ -338,6 +338,9 @@ class Runtime:
             may_report=lambda: self.leading,
             watch_api=self.watch_api,
         )
+        self.metrics.watch_uncounted(
+            lambda: {str(gr): problem.reason for gr, problem in self.dynamic.problems.items()}
+        )
         # One client-side budget for the PodSet controller's requests, its Events included
         # (upstream: one per controller client, which its Event sink shares); None = unlimited.
         limiter = podset_client.token_bucket(settings.podset_qps, settings.podset_burst)
