@@ -44,6 +44,10 @@ from typing import NoReturn
 
 import cluster
 
+# tally is started the way the e2e tests start it (tests/e2e/operator_process.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+import operator_process
+
 REPO = cluster.HACK_DIR.parent
 MODES = ("operator", "reference")
 FOCUS = "ResourceQuota"
@@ -161,15 +165,25 @@ def _stop_group(process: subprocess.Popen[bytes], first: signal.Signals, grace: 
 
 @contextlib.contextmanager
 def running_tally(state: cluster.State, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """tally against ``state``'s control plane, as ``tests/e2e/conftest.py`` starts it; yields
-    once its liveness endpoint answers and its webhook configuration is registered."""
+    """tally against ``state``'s control plane as the e2e tests start it (as deployed: its
+    ServiceAccount's token under the RBAC of ``manifests/``, its namespace ``tally-system``,
+    mutual TLS with the API server); yields once its liveness endpoint answers and its webhook
+    configuration is registered."""
+    admin = Path(state.kubeconfig)
+    settings = {"TALLY_NAMESPACE": operator_process.OWN_NAMESPACE}
+    operator_process.grant(admin, Path(state.bin_dir), settings)
+    kubeconfig = operator_process.service_account_kubeconfig(
+        admin, admin, Path(state.bin_dir), log.with_suffix(".kubeconfig")
+    )
     liveness = f"http://127.0.0.1:{cluster.free_port()}/healthz"
     env = {
         **os.environ,
-        "KUBECONFIG": state.kubeconfig,
+        "KUBECONFIG": str(kubeconfig),
         "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
         "TALLY_METRICS_ADDR": "127.0.0.1",
         "TALLY_METRICS_PORT": str(cluster.free_port()),
+        **operator_process.mutual_tls_env(admin),
+        **settings,
     }
     command = [
         sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),

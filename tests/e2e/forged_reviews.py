@@ -18,15 +18,26 @@ from kubernetes_asyncio import client
 QUOTA_WEBHOOK = "quota.tally.dev"
 
 
-def review(namespace: str, obj: dict[str, Any], resource: str, kind: str) -> dict[str, Any]:
-    """An AdmissionReview as the API server sends it for a CREATE (the object's uid set, as the
-    API server sets it before validating admission)."""
+def review(
+    namespace: str,
+    obj: dict[str, Any],
+    resource: str = "pods",
+    kind: str = "Pod",
+    *,
+    group: str = "",
+    version: str = "v1",
+    dry_run: bool = False,
+    user: str = "mallory",
+) -> dict[str, Any]:
+    """An AdmissionReview as the API server sends it for a CREATE: the object's namespace
+    filled in from the request path and its uid set, as the API server does before validating
+    admission."""
     obj = {
         **obj,
-        "metadata": {**obj["metadata"], "namespace": namespace, "uid": str(uuid.uuid4())},
+        "metadata": {"uid": str(uuid.uuid4()), **obj["metadata"], "namespace": namespace},
     }
-    gvk = {"group": "", "version": "v1", "kind": kind}
-    gvr = {"group": "", "version": "v1", "resource": resource}
+    gvk = {"group": group, "version": version, "kind": kind}
+    gvr = {"group": group, "version": version, "resource": resource}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -39,10 +50,10 @@ def review(namespace: str, obj: dict[str, Any], resource: str, kind: str) -> dic
             "name": obj["metadata"]["name"],
             "namespace": namespace,
             "operation": "CREATE",
-            "userInfo": {"username": "mallory", "groups": ["system:authenticated"]},
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
             "object": obj,
             "oldObject": None,
-            "dryRun": False,
+            "dryRun": dry_run,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         },
     }

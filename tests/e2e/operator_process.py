@@ -64,11 +64,10 @@ DEFAULT_NAMES = {
     "TALLY_LEADER_ELECTION_LEASE": "tally",
 }
 TOKEN_DURATION = "24h"
-FORBIDDEN = re.compile(
-    rf'forbidden: User "{re.escape(SERVICE_ACCOUNT_USER)}"|\(403\)\s*Reason: Forbidden'
-)
+FORBIDDEN = re.compile(rf'forbidden: User \\?"{re.escape(SERVICE_ACCOUNT_USER)}\\?" cannot')
 """How the API server's refusal of one of tally's requests for want of a right shows in tally's
-log: the API server's message, or kubernetes-asyncio's exception text (status and reason)."""
+log: its message (in kubernetes-asyncio's exception text, the body's JSON escapes the quotes).
+Other 403s (a namespace being deleted, a webhook's refusal) are not RBAC's."""
 GRANT_TIMEOUT_S = 30.0
 
 

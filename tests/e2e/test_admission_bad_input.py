@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from forged_reviews import review
 from kubernetes_asyncio import client
 
 from tally_e2e import RunningOperator, eventually, wait_for_default_service_account
@@ -111,30 +112,11 @@ def _review(
     kind: str = "Pod",
     dry_run: bool = False,
 ) -> dict[str, Any]:
-    """An AdmissionReview as the API server sends it for a CREATE (which fills in the object's
-    namespace from the request path before admission)."""
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    gvk = {"group": group, "version": version, "kind": kind}
-    gvr = {"group": group, "version": version, "resource": resource}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": obj["metadata"]["name"],
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "e2e-bad-input", "groups": ["system:masters"]},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    """An AdmissionReview as the API server sends it for a CREATE."""
+    return review(
+        namespace, obj, resource, kind, group=group, version=version, dry_run=dry_run,
+        user="e2e-bad-input",
+    )  # fmt: skip
 
 
 def _pod(name: str, *, cpu: str = "100m") -> dict[str, Any]:

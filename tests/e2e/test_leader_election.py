@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import forged_reviews
 import pytest
 import pytest_asyncio
 from balancer import RoundRobinBalancer
@@ -227,28 +228,7 @@ async def review(
     would send it (its client certificate: the replicas require it), trusting only what the
     configuration says: a follower must present a certificate the leader's configuration
     trusts, or the API server could not use it behind a Service."""
-    obj = {**pod(name), "metadata": {"name": name, "namespace": namespace}}
-    gvk = {"group": "", "version": "v1", "kind": "Pod"}
-    gvr = {"group": "", "version": "v1", "resource": "pods"}
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": name,
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "e2e-leader-election"},
-            "object": obj,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    body = forged_reviews.review(namespace, pod(name), user="e2e-leader-election")
     context = ssl.create_default_context(cadata=trusted_ca(plane, pair.configuration))
     pki = cluster.webhook_client_pki(plane.kubeconfig.parent)
     if pki is not None:

@@ -14,15 +14,21 @@ not verified, as a Prometheus with ``insecure_skip_verify`` scrapes):
 
 from __future__ import annotations
 
+import shutil
 import ssl
+import subprocess
+import urllib.parse
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from operator_process import TallyProcess
 
-from tally_e2e import ControlPlane
+import cluster
+from tally_e2e import ControlPlane, eventually
 
 READER_ROLE = "tally-metrics-reader"
 
@@ -112,3 +118,59 @@ async def test_only_a_reader_scrapes(secured: TallyProcess, tokens: dict[str, st
             raise AssertionError(f"plain HTTP answered {got.status}")
     # The reviews tally made were allowed under the manifests' roles.
     assert not secured.refused_by_rbac()
+
+
+@pytest.fixture
+def prometheus(secured: TallyProcess, tokens: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    """A Prometheus scraping tally as docs/configuration.md says ("Secure metrics"): HTTPS
+    without verifying tally's own certificate, with the reader's token (job ``reader``), and
+    the same without a token (job ``anonymous``); its URL."""
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus is not on PATH: run `make prometheus` (hack/prometheus.sh)"
+    token = tmp_path / "reader.token"
+    token.write_text(tokens["reader"])
+    job = {
+        "metrics_path": "/metrics",
+        "scheme": "https",
+        "tls_config": {"insecure_skip_verify": True},
+        "static_configs": [{"targets": [urllib.parse.urlsplit(secured.metrics_url).netloc]}],
+    }
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {**job, "job_name": "reader", "authorization": {"credentials_file": str(token)}},
+            {**job, "job_name": "anonymous"},
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = cluster.free_port()
+    with open(tmp_path / "prometheus.log", "wb") as sink:
+        process = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=sink, stderr=sink,
+        )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+async def test_prometheus_scrapes_with_the_readers_token(prometheus: str) -> None:
+    async def up() -> dict[str, str]:
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"{prometheus}/api/v1/query", params={"query": "up"}) as response,
+            ):
+                body = await response.json()
+        except aiohttp.ClientError:
+            return {}  # not ready yet
+        return {r["metric"]["job"]: r["value"][1] for r in body["data"]["result"]}
+
+    found = await eventually(
+        up, until=lambda jobs: set(jobs) == {"reader", "anonymous"}, within=60,
+        what="both jobs scraped",
+    )  # fmt: skip
+    assert {"reader": "1", "anonymous": "0"} == found

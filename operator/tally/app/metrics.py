@@ -86,6 +86,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._uncounted = _Uncounted(dict)
+        self.registry.register(self._uncounted)
         self.workqueue = PrometheusMetricsProvider(self.registry)
         self.sync_duration = Histogram(
             "tally_resourcequota_sync_duration_seconds",
@@ -345,7 +347,7 @@ class Metrics:
     def watch_uncounted(self, problems: Callable[[], Mapping[str, str]]) -> None:
         """Report, at every scrape, the resources quotas name that tally does not count
         (``problems``: resource to reason), as ``tally_uncounted_resource{resource, reason}``."""
-        self.registry.register(_Uncounted(problems))
+        self._uncounted.problems = problems
 
     def enforcing(self, *, resource_quotas: bool) -> None:
         self.enforcing_gauge.labels("ResourceQuota").set(1 if resource_quotas else 0)
@@ -506,7 +508,8 @@ class _Uncounted(Collector):
     """
 
     def __init__(self, problems: Callable[[], Mapping[str, str]]) -> None:
-        self._problems = problems
+        self.problems = problems
+        """What to read at each scrape (:meth:`Metrics.watch_uncounted`); nothing until set."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -514,6 +517,6 @@ class _Uncounted(Collector):
             "Resources a quota counts that tally does not count, by reason (1 each)",
             labels=["resource", "reason"],
         )
-        for resource, reason in sorted(self._problems().items()):
+        for resource, reason in sorted(self.problems().items()):
             family.add_metric([resource, reason], 1.0)
         yield family
