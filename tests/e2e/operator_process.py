@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -69,6 +70,9 @@ FORBIDDEN = re.compile(rf'forbidden: User \\?"{re.escape(SERVICE_ACCOUNT_USER)}\
 log: its message (in kubernetes-asyncio's exception text, the body's JSON escapes the quotes).
 Other 403s (a namespace being deleted, a webhook's refusal) are not RBAC's."""
 GRANT_TIMEOUT_S = 30.0
+GRANT_ATTEMPTS = 5
+_GRANTING = threading.Lock()
+"""One grant at a time in this process (the soak starts its replicas together)."""
 
 
 def established_connections(pid: int | str, remote_port: int) -> set[str]:
@@ -225,7 +229,21 @@ def grant(admin_kubeconfig: Path, bin_dir: Path, env: Mapping[str, str]) -> None
     """Apply the manifests' RBAC (:func:`rbac_for` ``env``) and wait until the API server's
     authorizer, which follows roles through an informer, lets the ServiceAccount act."""
     objects = rbac_for(manifests_rbac(bin_dir), env)
-    _kubectl(bin_dir, admin_kubeconfig, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    with _GRANTING:
+        for attempt in range(GRANT_ATTEMPTS):
+            try:
+                _kubectl(
+                    bin_dir, admin_kubeconfig, "apply", "-f", "-",
+                    input=yaml.safe_dump_all(objects),
+                )  # fmt: skip
+                break
+            except OperatorError as error:
+                # Another process applying the same objects at the same moment (kubectl apply
+                # reads, then creates): the next apply finds them and patches.
+                racing = "AlreadyExists" in str(error) or "Conflict" in str(error)
+                if not racing or attempt == GRANT_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.5)
     checks = [("list", "pods", "--all-namespaces")]
     own = env.get("TALLY_NAMESPACE", OWN_NAMESPACE)
     checks.append(("create", "leases.coordination.k8s.io", f"--namespace={own}"))
