@@ -21,10 +21,7 @@ from tally.charges import (
     Listed,
     ObjectRef,
     ObjectVersion,
-    QuotaKey,
     Unanswered,
-    cluster_quota_key,
-    sync_key,
 )
 from tally.charges.verification import (
     MAX_UNANSWERED,
@@ -33,6 +30,7 @@ from tally.charges.verification import (
     describe_unanswered,
 )
 from tally.evaluators.base import GroupResource
+from tally.quota.identity import QuotaKey, cluster_quota_key, sync_key
 from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
@@ -40,8 +38,8 @@ pytestmark = pytest.mark.unit
 PODS = GroupResource("", "pods")
 REF = ObjectRef(PODS, "a", "p")
 OTHER_REF = ObjectRef(PODS, "a", "q")
-QA: QuotaKey = ("a", "qa")
-QB: QuotaKey = ("a", "qb")
+QA = QuotaKey("a", "qa")
+QB = QuotaKey("a", "qb")
 TIMEOUT = 5.0
 STORED = Listed(ObjectVersion("u1", "7"))
 NOT_STORED = Listed(None)

@@ -14,19 +14,20 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally.charges import ChargeLedger, QuotaKey, cluster_quota_key
+from tally.charges import ChargeLedger
 from tally.clusterquota.quota import raised_shares
 from tally.kube import rest
-from tally.kube.cluster_quotas import KubeClusterQuotaWriter, write_key
+from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery.cache import Store
 from tally.machinery.errors import Conflict
+from tally.quota.identity import QuotaKey, cluster_quota_key
 from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
 
-KEY: QuotaKey = ("a", "q")
-OTHER_KEY: QuotaKey = ("a", "other")
+KEY = QuotaKey("a", "q")
+OTHER_KEY = QuotaKey("a", "other")
 RAISE = {"cpu": Quantity.parse("1")}
 
 
@@ -323,7 +324,7 @@ async def test_cluster_quota_raises_are_held_per_share_unless_this_process_wrote
     writer = KubeClusterQuotaWriter(object(), tracker=accessor)  # type: ignore[arg-type]
     put.answers.append("50")
     await writer.put_status({"metadata": {"name": "team", "resourceVersion": "49"}})
-    key = write_key("team")
+    key = cluster_quota_key("", "team")
     shares = {
         cluster_quota_key("a", "team"): dict(RAISE),
         cluster_quota_key("b", "team"): dict(RAISE),

@@ -27,11 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tally.charges import QuotaKey, cluster_quota_key
 from tally.machinery.errors import Conflict
 from tally.quota.resources import ResourceList
 
-__all__ = ["Conflict", "QuotaAccessor", "quota_identity", "quota_key", "quota_name"]
+__all__ = ["Conflict", "QuotaAccessor"]
 
 Quota = Mapping[str, Any]
 
@@ -75,30 +74,3 @@ class QuotaAccessor(Protocol):
         that has not seen the write that won. Raising only costs the retry its fresh copy.
         """
         ...
-
-
-def quota_name(quota: Quota) -> str:
-    """``metadata.name`` of a quota, ``""`` when missing."""
-    metadata = quota.get("metadata")
-    if isinstance(metadata, Mapping):
-        name = metadata.get("name")
-        if isinstance(name, str):
-            return name
-    return ""
-
-
-def quota_identity(quota: Quota) -> tuple[str, str, str]:
-    """(kind, namespace, name) of a ResourceQuota; ("ClusterQuota", "", name) of a
-    ClusterQuota's view, whichever namespace it was read for (one object, one running total)."""
-    if quota.get("kind") == "ClusterQuota":
-        return "ClusterQuota", "", quota_name(quota)
-    metadata = quota.get("metadata")
-    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
-    return "", str(namespace or ""), quota_name(quota)
-
-
-def quota_key(namespace: str, quota: Quota) -> QuotaKey:
-    """The charge ledger's key of ``quota``'s share in ``namespace``."""
-    if quota.get("kind") == "ClusterQuota":
-        return cluster_quota_key(namespace, quota_name(quota))
-    return namespace, quota_name(quota)

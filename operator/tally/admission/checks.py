@@ -61,6 +61,7 @@ from tally.evaluators.base import (
 from tally.evaluators.measured import MeasuredEvaluator
 from tally.measures import MeasureEvaluationError
 from tally.quota import resources as quota
+from tally.quota.identity import is_cluster_quota
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
 
@@ -144,7 +145,7 @@ def exceeded_quota_message(
 
 def quota_kind(q: Quota) -> str:
     """How messages name ``q``: ``quota``, or ``cluster quota`` for a ClusterQuota's view."""
-    return "cluster quota" if q.get("kind") == "ClusterQuota" else "quota"
+    return "cluster quota" if is_cluster_quota(q) else "quota"
 
 
 def scope_matching_error_message(quota_name: str, error: object) -> str:

@@ -76,13 +76,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tally.admission.accessor import (
-    Conflict,
-    QuotaAccessor,
-    quota_identity,
-    quota_key,
-    quota_name,
-)
+from tally.admission.accessor import Conflict, QuotaAccessor
 from tally.admission.attributes import Attributes, is_namespace_creation, resource_version
 from tally.admission.checks import BatchResult, Quota, Request, check_batch
 from tally.admission.config import Configuration, LimitedResource
@@ -93,10 +87,18 @@ from tally.admission.errors import (
     internal_error,
     unknown_error,
 )
-from tally.charges import Charge, ChargeLedger, ObjectRef, QuotaKey
+from tally.charges import Charge, ChargeLedger, ObjectRef
 from tally.evaluators.base import Evaluator, Operation
 from tally.evaluators.registry import Registry, new_registry
 from tally.quota import resources
+from tally.quota.identity import (
+    QuotaIdentity,
+    QuotaKey,
+    is_cluster_quota,
+    quota_identity,
+    quota_key,
+    quota_name,
+)
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
 from tally.workqueue import Queue, ShutDown, start_watched
@@ -162,7 +164,7 @@ def conflict_message(name: str, resource: str = "resourcequotas") -> str:
 
 
 def _resource_of(quota: Quota) -> str:
-    return "clusterquotas.tally.dev" if quota.get("kind") == "ClusterQuota" else "resourcequotas"
+    return "clusterquotas.tally.dev" if is_cluster_quota(quota) else "resourcequotas"
 
 
 def resolving_error_message(error: object) -> str:
@@ -294,9 +296,7 @@ class _Pass:
     charges: dict[int, Charge] = field(default_factory=dict)
     """Per waiter, its charge in the ledger: what it is reserving or has reserved in each
     quota's status (a waiter refused later may have some)."""
-    written: dict[int, dict[tuple[str, str, str], tuple[str, ResourceList]]] = field(
-        default_factory=dict
-    )
+    written: dict[int, dict[QuotaIdentity, tuple[str, ResourceList]]] = field(default_factory=dict)
     """Per waiter, what of its charge each quota's stored status holds, and that status's
     resourceVersion."""
     writing: list[QuotaKey] = field(default_factory=list)
@@ -336,14 +336,14 @@ class _Overcharges:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._by_quota: dict[tuple[str, str, str], _Overcharge] = {}
+        self._by_quota: dict[QuotaIdentity, _Overcharge] = {}
 
     def __len__(self) -> int:
         return len(self._by_quota)
 
     def add(
         self,
-        identity: tuple[str, str, str],
+        identity: QuotaIdentity,
         version: str,
         amounts: Mapping[str, Quantity],
         namespace: str = "",
@@ -669,8 +669,8 @@ class QuotaEvaluator:
             return self._overcharges.without(
                 list(await self._accessor.get_quotas(namespaces[0]))
             ), None
-        combined: dict[tuple[str, str, str], Quota] = {}
-        binding: dict[str, set[tuple[str, str, str]]] = {}
+        combined: dict[QuotaIdentity, Quota] = {}
+        binding: dict[str, set[QuotaIdentity]] = {}
         for namespace in namespaces:
             for quota in await self._accessor.get_quotas(namespace):
                 identity = quota_identity(quota)
@@ -824,7 +824,7 @@ class QuotaEvaluator:
                         charged = batch.quotas[quota_index]
                         if quota_identity(charged) in failed:
                             self._charges.amend(
-                                charges[index], quota_key(_namespace(waiters[index]), charged), None
+                                charges[index], quota_key(charged, _namespace(waiters[index])), None
                             )
             if last_error is None:
                 for index in pending:
@@ -871,7 +871,7 @@ class QuotaEvaluator:
             return
         for index in batch.pending:
             amounts = {
-                quota_key(_namespace(waiters[index]), batch.quotas[quota_index]): amount
+                quota_key(batch.quotas[quota_index], _namespace(waiters[index])): amount
                 for quota_index, amount in batch.charges[index].items()
                 if not self._judged_only(batch.quotas[quota_index])
             }
@@ -899,7 +899,7 @@ class QuotaEvaluator:
     async def _update(self, index: int, batch: BatchResult, waiters: Sequence[_Waiter]) -> Quota:
         """Write one changed quota; a ClusterQuota's view with each namespace's share."""
         quota = batch.quotas[index]
-        if quota.get("kind") != "ClusterQuota":
+        if not is_cluster_quota(quota):
             return await self._accessor.update_quota_status(quota)
         shares: dict[str, dict[str, Quantity]] = {}
         for request_index in batch.pending:
@@ -914,16 +914,14 @@ class QuotaEvaluator:
         )
 
     def _judged_only(self, quota: Quota) -> bool:
-        return not self.charges_resource_quotas and quota.get("kind") != "ClusterQuota"
+        return not self.charges_resource_quotas and not is_cluster_quota(quota)
 
     @staticmethod
     def _refuse(waiters: Sequence[_Waiter], indexes: Sequence[int], error: AdmissionDenied) -> None:
         for index in indexes:
             waiters[index].resolve(error)
 
-    async def _refresh(
-        self, batch: BatchResult, lost: set[tuple[str, str, str]], attempt: int
-    ) -> None:
+    async def _refresh(self, batch: BatchResult, lost: set[QuotaIdentity], attempt: int) -> None:
         """Before retry ``attempt`` (1, 2, …): pause at random, then fetch the quotas whose
         write lost its compare-and-swap from the API (a failed fetch leaves the cached copy)."""
         pause = min(CONFLICT_BACKOFF_MAX_S, CONFLICT_BACKOFF_S * 2 ** (attempt - 1))
@@ -944,9 +942,9 @@ class QuotaEvaluator:
     async def _write(
         self, batch: BatchResult, changed: Sequence[int], waiters: Sequence[_Waiter]
     ) -> tuple[
-        dict[tuple[str, str, str], str],
-        set[tuple[str, str, str]],
-        set[tuple[str, str, str]],
+        dict[QuotaIdentity, str],
+        set[QuotaIdentity],
+        set[QuotaIdentity],
         AdmissionDenied | None,
     ]:
         """Write the quotas ``changed`` indexes at once; the resourceVersion stored by each
@@ -957,9 +955,9 @@ class QuotaEvaluator:
             *(self._update(index, batch, waiters) for index in changed),
             return_exceptions=True,
         )
-        stored: dict[tuple[str, str, str], str] = {}
-        failed: set[tuple[str, str, str]] = set()
-        lost: set[tuple[str, str, str]] = set()
+        stored: dict[QuotaIdentity, str] = {}
+        failed: set[QuotaIdentity] = set()
+        lost: set[QuotaIdentity] = set()
         last_error: AdmissionDenied | None = None
         for index, outcome in zip(changed, results, strict=True):
             if not isinstance(outcome, BaseException):
@@ -990,11 +988,11 @@ def _gave_back(waiter: _Waiter) -> bool:
     return waiter.abandoned or not allowed
 
 
-def _written_key(quota: Quota) -> tuple[str, str]:
+def _written_key(quota: Quota) -> QuotaKey:
     """The ledger's key of what one status write of ``quota`` covers: a ResourceQuota; a
     ClusterQuota whole (the share of every namespace is in the one write)."""
     _, namespace, _ = quota_identity(quota)
-    return quota_key(namespace, quota)
+    return quota_key(quota, namespace)
 
 
 def _namespace(waiter: _Waiter) -> str:

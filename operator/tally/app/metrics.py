@@ -68,8 +68,8 @@ from prometheus_client.registry import Collector
 from tally.app.settings import is_loopback
 from tally.charges import ReleaseReason
 from tally.machinery import delegating_auth
+from tally.quota.identity import CLUSTER_QUOTA_KIND, QuotaKey
 from tally.quota.quantity import Quantity
-from tally.resourcequota.controller import QuotaKey
 from tally.webhook import certs, tls
 from tally.workqueue import PrometheusMetricsProvider
 
@@ -351,7 +351,7 @@ class Metrics:
 
     def enforcing(self, *, resource_quotas: bool) -> None:
         self.enforcing_gauge.labels("ResourceQuota").set(1 if resource_quotas else 0)
-        self.enforcing_gauge.labels("ClusterQuota").set(1)
+        self.enforcing_gauge.labels(CLUSTER_QUOTA_KIND).set(1)
 
     def heap_trimmed(self, seconds: float) -> None:
         self.heap_trim_duration.observe(seconds)

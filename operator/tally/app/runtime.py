@@ -51,7 +51,7 @@ from tally.app.metrics import Metrics
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import ChargeLedger, cluster_quota_key, cluster_quota_of
+from tally.charges import ChargeLedger
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
@@ -73,8 +73,15 @@ from tally.machinery.informers import Informer
 from tally.measures import Measure
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
+from tally.quota.identity import (
+    CLUSTER_QUOTA_KIND,
+    QuotaKey,
+    cluster_quota_key,
+    cluster_quota_of,
+    quota_key,
+)
 from tally.quota.resources import ResourceListError, parse_resource_list
-from tally.resourcequota.controller import ResourceQuotaController, quota_key, raised_usage
+from tally.resourcequota.controller import ResourceQuotaController, raised_usage
 from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
 from tally.resourcequota.replenishment import replenisher
 from tally.webhook.configuration import (
@@ -302,7 +309,7 @@ class Runtime:
             admission_ready=self._admission_rules_current,
             recorder=WarningRecorder(
                 api,
-                kind=cluster_quota.KIND,
+                kind=CLUSTER_QUOTA_KIND,
                 api_version=f"{cluster_quotas.GROUP}/{cluster_quotas.VERSION}",
                 component=EVENT_COMPONENT,
             ),
@@ -469,7 +476,7 @@ class Runtime:
             # held (with leader election), as for ResourceQuotas.
             name = change.name
             self.accessor.raised(
-                cluster_quotas.write_key(name),
+                cluster_quota_key("", name),
                 str((change.new.get("metadata") or {}).get("resourceVersion") or ""),
                 {
                     cluster_quota_key(namespace, name): amount
@@ -479,7 +486,7 @@ class Runtime:
                 },
             )
         elif change.kind is ChangeKind.DELETED:
-            self.accessor.forget(cluster_quotas.write_key(change.name))
+            self.accessor.forget(cluster_quota_key("", change.name))
         if change.new is not None and change.new.get("status"):
             # A status that does not parse is the controller's to rewrite at its next sync.
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
@@ -532,7 +539,7 @@ class Runtime:
             return OWN_KINDS[gr]
         return self.dynamic.version(gr)
 
-    def _recalculate(self, keys: Iterable[tuple[str, str]]) -> None:
+    def _recalculate(self, keys: Iterable[QuotaKey]) -> None:
         """Quotas whose held charges were released (or whose late object arrived)."""
         for key in keys:
             name = cluster_quota_of(key)

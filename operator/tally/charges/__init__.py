@@ -27,24 +27,18 @@ confirm them, the quota controller reads what they hold and the verifier
 
 from tally.charges.first_syncs import FirstSyncs
 from tally.charges.ledger import (
-    CLUSTER_QUOTA_KEY_PREFIX,
     Charge,
     ChargeLedger,
     ChargeMetrics,
     NoopChargeMetrics,
     ObjectRef,
-    QuotaKey,
     ReleaseReason,
     Verify,
-    cluster_quota_key,
-    cluster_quota_of,
     hold_pending,
-    sync_key,
 )
 from tally.charges.verification import Answer, Listed, ObjectVersion, Unanswered
 
 __all__ = [
-    "CLUSTER_QUOTA_KEY_PREFIX",
     "Answer",
     "Charge",
     "ChargeLedger",
@@ -54,12 +48,8 @@ __all__ = [
     "NoopChargeMetrics",
     "ObjectRef",
     "ObjectVersion",
-    "QuotaKey",
     "ReleaseReason",
     "Unanswered",
     "Verify",
-    "cluster_quota_key",
-    "cluster_quota_of",
     "hold_pending",
-    "sync_key",
 ]

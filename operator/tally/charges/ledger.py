@@ -87,39 +87,11 @@ from tally.charges.verification import (
 )
 from tally.evaluators.base import GroupResource
 from tally.quota import resources as quota
+from tally.quota.identity import QuotaKey, sync_key
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
 
 logger = logging.getLogger(__name__)
-
-QuotaKey = tuple[str, str]
-"""(namespace, name) of a ResourceQuota; ``(namespace, "clusterquota:<name>")`` for a
-ClusterQuota's share in one namespace (:func:`cluster_quota_key`)."""
-
-CLUSTER_QUOTA_KEY_PREFIX: Final = "clusterquota:"
-
-
-def cluster_quota_key(namespace: str, name: str) -> QuotaKey:
-    """The key of ClusterQuota ``name``'s share in ``namespace``: its charges are held per
-    namespace, as its status counts them."""
-    return namespace, CLUSTER_QUOTA_KEY_PREFIX + name
-
-
-def sync_key(key: QuotaKey) -> QuotaKey:
-    """The key a controller syncs ``key`` under: a ResourceQuota's own; for a ClusterQuota's
-    share in a namespace, the whole ClusterQuota's (``("", "clusterquota:<name>")``), which
-    one status write covers."""
-    name = cluster_quota_of(key)
-    return key if name is None else cluster_quota_key("", name)
-
-
-def cluster_quota_of(key: QuotaKey) -> str | None:
-    """The ClusterQuota a key names; None for a ResourceQuota's key."""
-    name = key[1]
-    return (
-        name[len(CLUSTER_QUOTA_KEY_PREFIX) :] if name.startswith(CLUSTER_QUOTA_KEY_PREFIX) else None
-    )
-
 
 DEFAULT_TIMEOUT_S: Final = 5.0
 """How long a charge may wait for its object (``TALLY_CHARGE_CONFIRM_TIMEOUT``).

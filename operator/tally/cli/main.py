@@ -25,7 +25,6 @@ from tally.cli.api import Resource, Session
 from tally.cli.errors import DOES_NOT_FIT, ERROR, OK, CliError, Target
 from tally.cli.progress import Progress
 from tally.cli.status import (
-    CLUSTER_QUOTA,
     RESOURCE_QUOTA,
     StatusReport,
     binding_cluster_quotas,
@@ -38,6 +37,7 @@ from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.podsets import PodSetEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 
 __all__ = ["build_parser", "main", "registry"]
 
@@ -46,7 +46,7 @@ T = TypeVar("T")
 NAMESPACES: Final = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 RESOURCE_QUOTAS: Final = Resource("", "v1", "resourcequotas", RESOURCE_QUOTA, namespaced=True)
 CLUSTER_QUOTAS: Final = Resource(
-    cluster_quotas.GROUP, cluster_quotas.VERSION, cluster_quotas.PLURAL, CLUSTER_QUOTA, False
+    cluster_quotas.GROUP, cluster_quotas.VERSION, cluster_quotas.PLURAL, CLUSTER_QUOTA_KIND, False
 )
 DEFAULT_RESOURCE: Final = "requests.cpu"
 DEFAULT_LIMIT: Final = 10
@@ -298,7 +298,7 @@ async def why(
         cqs = await reads.soft(session.list_all(CLUSTER_QUOTAS, None)) or []
         refs.extend(
             QuotaRef(
-                CLUSTER_QUOTA,
+                CLUSTER_QUOTA_KIND,
                 cluster_quota.name_of(cq),
                 cluster_quota.as_resource_quota(cq, namespace),
             )

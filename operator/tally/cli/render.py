@@ -23,9 +23,10 @@ from typing import Any, Final
 
 import yaml
 
-from tally.cli.status import CLUSTER_QUOTA, QuotaUse, ResourceUse, StatusReport
+from tally.cli.status import QuotaUse, ResourceUse, StatusReport
 from tally.cli.top import TopReport
 from tally.cli.why import Decision, Explanation, QuotaVerdict
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 from tally.quota.quantity import Quantity
 
 __all__ = [
@@ -164,7 +165,7 @@ def _quota_heading(quota: QuotaUse, style: Style) -> str:
     notes = []
     if quota.scopes:
         notes.append("scopes: " + ", ".join(quota.scopes))
-    if quota.kind == CLUSTER_QUOTA:
+    if quota.kind == CLUSTER_QUOTA_KIND:
         count = quota.namespace_count
         if count is not None:
             notes.append(f"selects {count} namespace{'s' if count != 1 else ''}")
@@ -184,7 +185,7 @@ def render_status(report: StatusReport, style: Style = PLAIN) -> str:
     for quota in report.quotas:
         header = ["RESOURCE", "USED", "HARD", "USE", "", "HEADROOM"]
         share_of: Mapping[str, Quantity] | None = None
-        if quota.kind == CLUSTER_QUOTA and single and quota.shares:
+        if quota.kind == CLUSTER_QUOTA_KIND and single and quota.shares:
             share_of = quota.shares[0].used
             header.append(f"IN {quota.shares[0].namespace}")
         rows = []
@@ -212,7 +213,7 @@ def render_status(report: StatusReport, style: Style = PLAIN) -> str:
             lines.append(table(header, rows, style, "  "))
         else:
             lines.append("  (no limits)")
-        if quota.kind == CLUSTER_QUOTA and share_of is None:
+        if quota.kind == CLUSTER_QUOTA_KIND and share_of is None:
             for share in quota.shares:
                 lines.append(f"  in {share.namespace}: {pretty(share.used)}")
         blocks.append("\n".join(lines))
@@ -243,7 +244,7 @@ def status_data(report: StatusReport) -> dict[str, Any]:
             entry["namespace"] = quota.namespace
         entry["scopes"] = list(quota.scopes)
         entry["resources"] = [_use_data(use) for use in quota.resources]
-        if quota.kind == CLUSTER_QUOTA:
+        if quota.kind == CLUSTER_QUOTA_KIND:
             entry["namespaceCount"] = quota.namespace_count
             entry["namespaces"] = [
                 {"namespace": s.namespace, "used": _resource_list(s.used)} for s in quota.shares

@@ -19,11 +19,11 @@ from typing import Any, Final
 from tally.clusterquota import quota as cluster_quota
 from tally.evaluators.base import ScopeError, ScopeRequirement, quota_scopes
 from tally.machinery.selectors import Operator
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceListError, parse_resource_list
 
 __all__ = [
-    "CLUSTER_QUOTA",
     "RESOURCE_QUOTA",
     "NamespaceShare",
     "QuotaUse",
@@ -40,7 +40,6 @@ __all__ = [
 Obj = Mapping[str, Any]
 
 RESOURCE_QUOTA: Final = "ResourceQuota"
-CLUSTER_QUOTA: Final = "ClusterQuota"
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class NamespaceShare:
 @dataclass(frozen=True)
 class QuotaUse:
     kind: str
-    """:data:`RESOURCE_QUOTA` or :data:`CLUSTER_QUOTA`."""
+    """:data:`RESOURCE_QUOTA` or :data:`CLUSTER_QUOTA_KIND`."""
     name: str
     namespace: str | None
     """A ResourceQuota's namespace; None for a ClusterQuota."""
@@ -184,7 +183,7 @@ def cluster_quota_use(cq: Obj, bound: Iterable[str]) -> QuotaUse:
     if computed is not None and computed.get("status") == "False":
         not_computed = str(computed.get("message") or computed.get("reason") or "")
     return QuotaUse(
-        kind=CLUSTER_QUOTA,
+        kind=CLUSTER_QUOTA_KIND,
         name=cluster_quota.name_of(cq),
         namespace=None,
         scopes=scopes,

@@ -30,9 +30,10 @@ from typing import Any, Final
 
 import yaml
 
-from tally.cli.status import CLUSTER_QUOTA, RESOURCE_QUOTA, describe_scope
+from tally.cli.status import RESOURCE_QUOTA, describe_scope
 from tally.evaluators.base import ConstraintError, Evaluator, quota_scopes
 from tally.quota import resources
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceListError, parse_resource_list
 
@@ -251,7 +252,7 @@ class Denial:
     reason: str = ""
     """``exceeded``, ``failed`` (a constraint), ``status unknown``, or "" (not a quota's)."""
     kind: str = ""
-    """:data:`RESOURCE_QUOTA` or :data:`CLUSTER_QUOTA` when a quota refused."""
+    """:data:`RESOURCE_QUOTA` or :data:`CLUSTER_QUOTA_KIND` when a quota refused."""
     quota: str = ""
     requested: Mapping[str, Quantity] = field(default_factory=dict)
     used: Mapping[str, Quantity] = field(default_factory=dict)
@@ -271,7 +272,7 @@ class Denial:
 def parse_denial(message: str) -> Denial:
     """Read a refusal's message (the API server's, webhook prefix and all)."""
     if found := _EXCEEDED.search(message):
-        kind = CLUSTER_QUOTA if found.group("cluster") else RESOURCE_QUOTA
+        kind = CLUSTER_QUOTA_KIND if found.group("cluster") else RESOURCE_QUOTA
         try:
             return Denial(
                 message,
@@ -285,10 +286,10 @@ def parse_denial(message: str) -> Denial:
         except ResourceListError:
             return Denial(message, "exceeded", kind, found.group("name"))
     if found := _FAILED.search(message):
-        kind = CLUSTER_QUOTA if found.group("cluster") else RESOURCE_QUOTA
+        kind = CLUSTER_QUOTA_KIND if found.group("cluster") else RESOURCE_QUOTA
         return Denial(message, "failed", kind, found.group("name"))
     if found := _UNKNOWN.search(message):
-        kind = CLUSTER_QUOTA if found.group("cluster") else RESOURCE_QUOTA
+        kind = CLUSTER_QUOTA_KIND if found.group("cluster") else RESOURCE_QUOTA
         return Denial(message, "status unknown", kind, found.group("name"))
     return Denial(message)
 

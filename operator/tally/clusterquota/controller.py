@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.charges import ChargeLedger, FirstSyncs, cluster_quota_key, hold_pending
+from tally.charges import ChargeLedger, FirstSyncs, hold_pending
 from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally.clusterquota import quota as cluster
 from tally.clusterquota.measures import measure_specs
@@ -47,6 +47,7 @@ from tally.machinery.cache import Change, ChangeKind, Store
 from tally.machinery.errors import Conflict
 from tally.machinery.selectors import LabelSelector
 from tally.quota import resources
+from tally.quota.identity import cluster_quota_key
 from tally.quota.quantity import Quantity
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,

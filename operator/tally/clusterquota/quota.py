@@ -28,6 +28,7 @@ from typing import Any, Final
 from tally.evaluators.base import quota_scopes
 from tally.machinery.selectors import LabelSelector, SelectorError, parse_label_selector
 from tally.quota import resources
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 from tally.quota.quantity import ZERO, Quantity
 from tally.quota.resources import ResourceList, ResourceListError, parse_resource_list
 
@@ -42,9 +43,6 @@ REASON_INVALID_SPEC: Final = "InvalidSpec"
 CONDITION_MESSAGE_ERRORS: Final = 3
 """Errors a condition's message quotes; the rest are counted."""
 CONDITION_MESSAGE_MAX: Final = 1024
-
-KIND: Final = "ClusterQuota"
-"""``kind`` of the views :func:`as_resource_quota` makes: admission words its messages by it."""
 
 
 class InvalidClusterQuota(ValueError):
@@ -120,7 +118,7 @@ def as_resource_quota(cq: Obj, namespace: str) -> dict[str, Any]:
     on the ClusterQuota."""
     metadata = cq.get("metadata") or {}
     view: dict[str, Any] = {
-        "kind": KIND,
+        "kind": CLUSTER_QUOTA_KIND,
         "metadata": {
             "name": name_of(cq),
             "namespace": namespace,

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites
 from tally.machinery.errors import Conflict
+from tally.quota.identity import QuotaKey, cluster_quota_key
 
 Obj = Mapping[str, Any]
 
@@ -26,18 +27,13 @@ PLURAL: Final = "clusterquotas"
 RECENT_WRITES: Final = 100
 
 
-def write_key(name: str) -> tuple[str, str]:
-    """How ClusterQuota ``name``'s status writes are tracked (no namespace: one object)."""
-    return "", "clusterquota:" + name
-
-
 class WriteTracker(Protocol):
     """Told of each status write, so that watch events can be told apart as this process's
     own (:class:`~tally.kube.quota_accessor.KubeQuotaAccessor`)."""
 
-    def writing(self, key: tuple[str, str]) -> None: ...
+    def writing(self, key: QuotaKey) -> None: ...
 
-    def wrote(self, key: tuple[str, str], stored: Obj | None) -> None: ...
+    def wrote(self, key: QuotaKey, stored: Obj | None) -> None: ...
 
 
 class KubeClusterQuotaWriter:
@@ -74,7 +70,7 @@ class KubeClusterQuotaWriter:
         :class:`Conflict` on 409; returns the stored object."""
         name = str((cq.get("metadata") or {}).get("name") or "")
         path = rest.collection_path(GROUP, VERSION, PLURAL) + f"/{name}/status"
-        key = write_key(name)
+        key = cluster_quota_key("", name)
         if self.tracker is not None:
             self.tracker.writing(key)
         stored: Obj | None = None

@@ -17,17 +17,16 @@ from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
-from tally.charges import Charge, ChargeLedger, QuotaKey
+from tally.charges import Charge, ChargeLedger
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites, Store
 from tally.machinery.errors import Conflict
+from tally.quota.identity import QuotaKey, is_cluster_quota, quota_key
 from tally.quota.quantity import Quantity
 
 Obj = Mapping[str, Any]
 
 
-CLUSTER_QUOTA_KIND: Final = "ClusterQuota"
-"""``kind`` of the ClusterQuota views admission judges (``tally.clusterquota.quota.KIND``)."""
 UPDATED_QUOTAS_SIZE: Final = 100
 """Upstream's ``lru.New(100)`` for the updated-quotas cache."""
 
@@ -46,11 +45,6 @@ def _version(quota: Obj) -> int | None:
         return int((quota.get("metadata") or {}).get("resourceVersion") or "")
     except ValueError:
         return None
-
-
-def _key(quota: Obj) -> tuple[str, str]:
-    metadata = quota.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
 class ClusterQuotaViews(Protocol):
@@ -128,7 +122,7 @@ class KubeQuotaAccessor:
                 self._refreshed.check_cache(self._updated.check_cache(q))
                 for q in self._quotas.in_namespace(namespace)
             ),
-            key=_key,
+            key=quota_key,
         )
         if self.cluster_quotas is not None:
             quotas.extend(self.cluster_quotas.views(namespace))
@@ -136,7 +130,7 @@ class KubeQuotaAccessor:
 
     async def _put_status(self, quota: Obj, api: client.ApiClient) -> Obj:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
-        namespace, name = key = _key(quota)
+        namespace, name = key = quota_key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
         self.writing(key)
         stored: Obj | None = None
@@ -160,7 +154,7 @@ class KubeQuotaAccessor:
     ) -> Obj:
         """Admission's write (``QuotaAccessor``): the CAS status update, of the ResourceQuota
         or of the ClusterQuota a view stands for."""
-        if quota.get("kind") == CLUSTER_QUOTA_KIND and self.cluster_quotas is not None:
+        if is_cluster_quota(quota) and self.cluster_quotas is not None:
             return await self.cluster_quotas.write(
                 quota, charged_by_namespace or {}, given_back_by_namespace
             )
@@ -170,10 +164,10 @@ class KubeQuotaAccessor:
         """Admission lost a write of ``quota``: read it from the API (a quorum read) so that
         the retry judges the copy that won, not the cache's, which may not have seen it yet.
         Kept like an own write: used while newer than the cache, dropped once it catches up."""
-        if quota.get("kind") == CLUSTER_QUOTA_KIND and self.cluster_quotas is not None:
+        if is_cluster_quota(quota) and self.cluster_quotas is not None:
             await self.cluster_quotas.refresh(quota)
             return
-        namespace, name = _key(quota)
+        namespace, name = quota_key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}"
         self._refreshed.add(await rest.get_json(self._api, path))
 

@@ -46,6 +46,7 @@ from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.machinery.cache import Store
 from tally.machinery.errors import Conflict
 from tally.quota import resources as quota
+from tally.quota.identity import QuotaKey, format_key, quota_key
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
@@ -60,9 +61,6 @@ from tally.workqueue import (
 logger = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
-QuotaKey = tuple[str, str]
-"""(namespace, name) of a ResourceQuota."""
-
 DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 """Upstream ``--resource-quota-sync-period`` default: the bound on how long a status edited by
 someone else, or a usage change no event reported, stays wrong."""
@@ -96,11 +94,6 @@ class SyncObserver(Protocol):
     def quota_deleted(self, key: QuotaKey) -> None: ...
 
     def sync_finished(self, duration: float, error: Exception | None) -> None: ...
-
-
-def quota_key(quota_obj: Obj) -> QuotaKey:
-    metadata = quota_obj["metadata"]
-    return str(metadata.get("namespace") or ""), str(metadata["name"])
 
 
 def _resource_list(raw: object, field: str) -> dict[str, Quantity] | None:
@@ -299,7 +292,7 @@ class ResourceQuotaController:
 
         Raises :class:`UsageError` with the partial result when an evaluator failed.
         """
-        namespace = quota_key(quota_obj)[0]
+        namespace = quota_key(quota_obj).namespace
         spec = quota_obj.get("spec") or {}
         hard = parse_resource_list(spec.get("hard"), "spec.hard")
         status = quota_obj.get("status") or {}
@@ -342,7 +335,7 @@ class ResourceQuotaController:
         except (ResourceListError, ScopeError, ObjectError) as invalid:
             # The API server validates quotas, so this is a quota we cannot read: retrying
             # will not help, and the rate limiter keeps it from spinning.
-            raise InvalidQuota(f"{'/'.join(quota_key(quota_obj))}: {invalid}") from invalid
+            raise InvalidQuota(f"{format_key(quota_key(quota_obj))}: {invalid}") from invalid
 
         if self.charges is not None and status_used is not None:
             used = hold_pending(used, status_used, self.charges.held(quota_key(quota_obj)))

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from tally.cli.status import (
-    CLUSTER_QUOTA,
     RESOURCE_QUOTA,
     ResourceUse,
     binding_cluster_quotas,
@@ -18,6 +17,7 @@ from tally.cli.status import (
     resource_quota_use,
     status_report,
 )
+from tally.quota.identity import CLUSTER_QUOTA_KIND
 from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
@@ -117,7 +117,7 @@ def test_cluster_quota_total_and_the_bound_namespaces_share() -> None:
         "namespaceCount": 3,
     }
     use = cluster_quota_use(cq("team", {}, status, hard={"pods": "10"}), ["c", "a"])
-    assert CLUSTER_QUOTA == use.kind
+    assert CLUSTER_QUOTA_KIND == use.kind
     assert "team" == use.title
     assert [("pods", q("10"), q("7"))] == [(r.name, r.hard, r.used) for r in use.resources]
     # c is selected but uses nothing: the status does not list it.
@@ -172,6 +172,6 @@ def test_report_orders_resource_quotas_then_cluster_quotas() -> None:
     assert [
         (RESOURCE_QUOTA, "m"),
         (RESOURCE_QUOTA, "z"),
-        (CLUSTER_QUOTA, "earlier"),
-        (CLUSTER_QUOTA, "later"),
+        (CLUSTER_QUOTA_KIND, "earlier"),
+        (CLUSTER_QUOTA_KIND, "later"),
     ] == [(u.kind, u.name) for u in report.quotas]
