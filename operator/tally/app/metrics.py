@@ -50,7 +50,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import re
 import socket
 import ssl
 import tempfile
@@ -68,6 +67,7 @@ from prometheus_client.registry import Collector
 from tally.app.settings import is_loopback
 from tally.charges import ReleaseReason
 from tally.machinery import delegating_auth
+from tally.machinery.validation import is_dns1123_subdomain
 from tally.quota.identity import CLUSTER_QUOTA_KIND, QuotaKey
 from tally.quota.quantity import Quantity
 from tally.webhook import certs, tls
@@ -433,8 +433,6 @@ controller-runtime's metrics server makes without a cert dir, lasts a year too).
 nobody holds its CA, so every client skips verification, its dates included (Prometheus'
 ``insecure_skip_verify`` and curl's ``-k`` check nothing of the certificate)."""
 
-_DNS_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
 
 def serving_hosts() -> tuple[str, ...]:
     """The names the metrics certificate carries: the pod's name (``HOSTNAME`` in a pod, else
@@ -442,7 +440,7 @@ def serving_hosts() -> tuple[str, ...]:
     ``GenerateSelfSignedCertKey("localhost", [127.0.0.1])``). The first is its common name."""
     name = (os.environ.get("HOSTNAME") or socket.gethostname()).lower()
     hosts = ["localhost", "127.0.0.1"]
-    if len(name) <= 253 and _DNS_NAME.fullmatch(name) and name != "localhost":
+    if not is_dns1123_subdomain(name) and name != "localhost":
         hosts.insert(0, name)
     return tuple(hosts)
 

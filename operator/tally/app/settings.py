@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from typing import Final, Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tally.builtin_quota.decision import probe_namespace
 from tally.machinery import leaderelection
+from tally.machinery.validation import is_dns1123_label, is_dns1123_subdomain
 from tally.webhook import limits
 from tally.webhook.certs import Policy
 from tally.webhook.configuration import (
@@ -28,10 +28,6 @@ from tally.webhook.configuration import (
 )
 
 ENV_PREFIX: Final = "TALLY_"
-_DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS1123_SUBDOMAIN: Final = re.compile(
-    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
 DEFAULT_LEASE_NAMESPACE: Final = "kube-system"
 """Where the Lease lives when neither its namespace nor ``TALLY_NAMESPACE`` is set (like the
 built-in quota probe, and kube-controller-manager's own leases)."""
@@ -40,12 +36,14 @@ built-in quota probe, and kube-controller-manager's own leases)."""
 def parse_object_reference(text: str) -> tuple[str, str]:
     """``<namespace>/<name>`` of a namespaced object, both DNS-1123 names."""
     namespace, slash, name = text.partition("/")
-    if (
-        not slash
-        or not _DNS1123_LABEL.fullmatch(namespace)
-        or not _DNS1123_SUBDOMAIN.fullmatch(name)
-    ):
+    if not slash:
         raise ValueError(f"{text!r} is not <namespace>/<name>")
+    problems = [
+        *(f"namespace {m}" for m in is_dns1123_label(namespace)),
+        *(f"name {m}" for m in is_dns1123_subdomain(name)),
+    ]
+    if problems:
+        raise ValueError(f"{text!r} is not <namespace>/<name>: {'; '.join(problems)}")
     return namespace, name
 
 
@@ -261,22 +259,25 @@ class Settings(BaseModel):
     @classmethod
     def _valid_namespaces(cls, value: str) -> str:
         for name in (part.strip() for part in value.split(",")):
-            if name and not _DNS1123_LABEL.fullmatch(name):
-                raise ValueError(f"{name!r} is not a valid namespace name")
+            problems = is_dns1123_label(name) if name else []
+            if problems:
+                raise ValueError(f"{name!r} is not a valid namespace name: {'; '.join(problems)}")
         return value
 
     @field_validator("leader_election_namespace")
     @classmethod
     def _valid_lease_namespace(cls, value: str) -> str:
-        if value and not _DNS1123_LABEL.fullmatch(value):
-            raise ValueError(f"{value!r} is not a valid namespace name")
+        problems = is_dns1123_label(value) if value else []
+        if problems:
+            raise ValueError(f"{value!r} is not a valid namespace name: {'; '.join(problems)}")
         return value
 
     @field_validator("leader_election_lease")
     @classmethod
     def _valid_lease_name(cls, value: str) -> str:
-        if not _DNS1123_SUBDOMAIN.fullmatch(value):
-            raise ValueError(f"{value!r} is not a valid Lease name")
+        problems = is_dns1123_subdomain(value)
+        if problems:
+            raise ValueError(f"{value!r} is not a valid Lease name: {'; '.join(problems)}")
         return value
 
     @model_validator(mode="after")

@@ -25,10 +25,11 @@ selector can be cached beside the object it came from.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from tally.machinery import validation
 
 __all__ = [
     "EVERYTHING",
@@ -41,11 +42,6 @@ __all__ = [
     "parse_label_selector",
     "requirement",
 ]
-
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_DNS1123_SUBDOMAIN_RE: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
 
 
 class SelectorError(ValueError):
@@ -190,27 +186,16 @@ def is_qualified_name(name: str) -> bool:
 
 
 def _validate_key(key: str) -> None:
-    """``validateLabelKey``: an optional DNS-subdomain prefix, ``/``, and a 63-char name."""
-    prefix, slash, name = key.rpartition("/")
-    problems = []
-    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix)):
-        problems.append("prefix part must be a valid DNS subdomain")
-    if not name or len(name) > 63 or not _NAME_RE.fullmatch(name):
-        problems.append(
-            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start "
-            "and end with an alphanumeric character (at most 63 characters)"
-        )
+    """``validateLabelKey``: ``IsQualifiedName``'s messages, joined as upstream joins them."""
+    problems = validation.is_qualified_name(key)
     if problems:
         raise SelectorError(f"key: Invalid value: {key!r}: {'; '.join(problems)}")
 
 
 def _validate_value(key: str, value: object) -> None:
-    """``validateLabelValue``: empty, or a 63-char name."""
+    """``validateLabelValue``: empty, or a qualified name's name part."""
     if not isinstance(value, str):
         raise SelectorError(f"key {key!r}: values must be strings, got {value!r}")
-    if value and (len(value) > 63 or not _NAME_RE.fullmatch(value)):
-        raise SelectorError(
-            f"values[{value!r}]: Invalid value: a valid label must be an empty string or "
-            "consist of alphanumeric characters, '-', '_' or '.', and must start and end with "
-            "an alphanumeric character (at most 63 characters)"
-        )
+    problems = validation.is_label_value(value)
+    if problems:
+        raise SelectorError(f"values[{value!r}]: Invalid value: {'; '.join(problems)}")

@@ -57,7 +57,6 @@ the bound caps how the cost grows with an object its author controls, not CPU ti
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -65,6 +64,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
+from tally.machinery import validation
 from tally.measures import analysis, environment, library
 from tally.measures.analysis import Shape
 from tally.quota.quantity import Quantity, QuantityError, QuantityRangeError, parse_quantity
@@ -97,10 +97,6 @@ starts with: converting 5 000 levels fit in 8 MiB, 9 000 did not."""
 
 _SPEC_KEYS: Final = frozenset({"name", "resource", "expression", "when"})
 _RESOURCE_KEYS: Final = frozenset({"group", "resource"})
-_DNS1123_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN_RE: Final = re.compile(rf"{_DNS1123_LABEL}(?:\.{_DNS1123_LABEL})*")
-_DNS1123_LABEL_RE: Final = re.compile(_DNS1123_LABEL)
-_QUALIFIED_NAME_RE: Final = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _RESERVED_DOMAINS: Final = ("kubernetes.io", "k8s.io")
 _EXPRESSION_TYPES: Final = (
     cel.Type.INT,
@@ -174,14 +170,15 @@ def _check_name(name: str, path: str) -> None:
     reason = None
     if not slash:
         reason = "must be <domain>/<name>, e.g. example.com/storage-gb"
-    elif len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix) or "." not in prefix:
+    elif validation.is_dns1123_subdomain(prefix) or "." not in prefix:
         reason = (
             f"the prefix {prefix!r} must be a DNS-1123 subdomain with at least one dot "
             "(lowercase letters, digits, '-' and '.'), e.g. example.com"
         )
     elif any(prefix == d or prefix.endswith("." + d) for d in _RESERVED_DOMAINS):
         reason = f"the prefix {prefix!r} is reserved for Kubernetes"
-    elif len(local) > 63 or not _QUALIFIED_NAME_RE.fullmatch(local):
+    elif "/" in local or validation.is_qualified_name(local):
+        # The part after the domain is a qualified name's name part: no second slash.
         reason = (
             f"the name {local!r} must be at most 63 letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit"
@@ -205,13 +202,14 @@ def _check_resource(spec: Mapping[str, Any], path: str) -> tuple[str, str]:
         group = ""  # the core group, as `kubectl` and GroupResource write it
     if not isinstance(group, str):
         raise MeasureError(f"{path}.group", f"must be a string, not {type(group).__name__}")
-    if group and (len(group) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(group)):
-        raise MeasureError(f"{path}.group", f"invalid API group {group!r}")
+    if group and (problems := validation.is_dns1123_subdomain(group)):
+        raise MeasureError(f"{path}.group", f"invalid API group {group!r}: {'; '.join(problems)}")
     plural = _required_str(resource, "resource", path)
-    if len(plural) > 63 or not _DNS1123_LABEL_RE.fullmatch(plural):
+    if problems := validation.is_dns1123_label(plural):
         raise MeasureError(
             f"{path}.resource",
-            f"invalid resource {plural!r}: a lowercase plural such as 'persistentvolumeclaims'",
+            f"invalid resource {plural!r}: a lowercase plural such as 'persistentvolumeclaims': "
+            + "; ".join(problems),
         )
     return group, plural
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tally.machinery import validation
 from tally.podset import claim, podutil
 from tally.podset.podutil import Obj
 
@@ -65,11 +65,6 @@ returned to the sync is then ``unable to delete pods: <error>``."""
 NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 """``status.details.causes[].type`` of a create refused because the namespace is being deleted
 (``v1.NamespaceTerminatingCause``): such a create counts as a success in slow start."""
-
-_DNS1123_SUBDOMAIN = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
-)
-_DNS1123_SUBDOMAIN_MAX_LENGTH = 253
 
 
 def manage_replicas_diff(
@@ -135,7 +130,7 @@ def pods_prefix(controller_name: str) -> str:
     """
     prefix = f"{controller_name}-"
     masked = prefix[:-1] + "a"  # ValidatePodName(prefix=true) masks the trailing dash
-    if len(masked) > _DNS1123_SUBDOMAIN_MAX_LENGTH or not _DNS1123_SUBDOMAIN.match(masked):
+    if validation.is_dns1123_subdomain(masked):
         return controller_name
     return prefix
 

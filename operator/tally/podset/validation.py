@@ -44,11 +44,21 @@ matched by :mod:`tally.machinery.selectors`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from tally.machinery import selectors
+from tally.machinery.validation import (
+    duplicate,
+    forbidden,
+    invalid,
+    is_dns1123_label,
+    is_label_value,
+    is_qualified_name,
+    not_supported,
+    required,
+    show,
+)
 
 __all__ = [
     "IMMUTABLE_MESSAGE",
@@ -63,38 +73,8 @@ KIND: Final = "PodSet.tally.dev"
 IMMUTABLE_MESSAGE: Final = "field is immutable"
 """``apimachinery/pkg/api/validation.FieldImmutableErrorMsg``."""
 
-# apimachinery/pkg/util/validation/validation.go: formats, limits and error texts.
-_QUALIFIED_NAME_FMT: Final = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_QUALIFIED_NAME_ERR: Final = (
-    "must consist of alphanumeric characters, '-', '_' or '.', "
-    "and must start and end with an alphanumeric character"
-)
-_QUALIFIED_NAME_MAX: Final = 63
-_LABEL_VALUE_FMT: Final = f"({_QUALIFIED_NAME_FMT})?"
-_LABEL_VALUE_ERR: Final = (
-    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
-    "or '.', and must start and end with an alphanumeric character"
-)
-_LABEL_VALUE_MAX: Final = 63
-_DNS1123_LABEL_FMT: Final = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_LABEL_ERR: Final = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-    "and must start and end with an alphanumeric character"
-)
-_DNS1123_LABEL_MAX: Final = 63
-_DNS1123_SUBDOMAIN_FMT: Final = f"{_DNS1123_LABEL_FMT}(\\.{_DNS1123_LABEL_FMT})*"
-_DNS1123_SUBDOMAIN_ERR: Final = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
-    "or '.', and must start and end with an alphanumeric character"
-)
-_DNS1123_SUBDOMAIN_MAX: Final = 253
 _TOTAL_ANNOTATION_SIZE_LIMIT: Final = 256 * 1024
 """``apimachinery/pkg/api/validation.TotalAnnotationSizeLimitB``: keys plus values, in bytes."""
-
-_QUALIFIED_NAME_RE: Final = re.compile(_QUALIFIED_NAME_FMT)
-_LABEL_VALUE_RE: Final = re.compile(_LABEL_VALUE_FMT)
-_DNS1123_LABEL_RE: Final = re.compile(_DNS1123_LABEL_FMT)
-_DNS1123_SUBDOMAIN_RE: Final = re.compile(_DNS1123_SUBDOMAIN_FMT)
 
 _RESTART_POLICY_ALWAYS: Final = "Always"
 
@@ -109,7 +89,7 @@ def validate_podset(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
     errors: list[str] = []
     spec = new.get("spec")
     if not isinstance(spec, Mapping):
-        errors.append(_required("spec"))
+        errors.append(required("spec"))
         return errors
     errors.extend(_validate_spec(spec))
     if old is not None:
@@ -118,9 +98,7 @@ def validate_podset(new: Mapping[str, Any], old: Mapping[str, Any] | None = None
         new_selector = spec.get("selector")
         # ValidateImmutableField(new, old): apiequality.Semantic.DeepEqual.
         if _semantic_selector(new_selector) != _semantic_selector(old_selector):
-            errors.append(
-                _invalid("spec.selector", _show_selector(new_selector), IMMUTABLE_MESSAGE)
-            )
+            errors.append(invalid("spec.selector", _show_selector(new_selector), IMMUTABLE_MESSAGE))
     return _dedupe(errors)
 
 
@@ -151,13 +129,13 @@ def _validate_spec(spec: Mapping[str, Any]) -> list[str]:
     raw_selector = spec.get("selector")
     selector_errors: list[str] = []
     if raw_selector is None:
-        errors.append(_required("spec.selector"))
+        errors.append(required("spec.selector"))
     else:
         selector_errors = _validate_label_selector(raw_selector, "spec.selector")
         errors.extend(selector_errors)
         if _is_empty_selector(raw_selector):
             errors.append(
-                _invalid(
+                invalid(
                     "spec.selector",
                     _show_selector(raw_selector),
                     "empty selector is invalid for podset",  # upstream: "... for deployment"
@@ -172,7 +150,7 @@ def _validate_spec(spec: Mapping[str, Any]) -> list[str]:
         parsed = None
     if parsed is None or selector_errors:
         errors.append(
-            _invalid("spec.selector", _show_selector(raw_selector), "invalid label selector")
+            invalid("spec.selector", _show_selector(raw_selector), "invalid label selector")
         )
         return errors  # upstream validates the template only with a usable selector
     errors.extend(_validate_template(spec.get("template"), parsed, "spec.template"))
@@ -182,10 +160,10 @@ def _validate_spec(spec: Mapping[str, Any]) -> list[str]:
 def _nonnegative(value: object, path: str) -> list[str]:
     """``ValidateNonnegativeField`` (plus a type check the schema normally makes)."""
     if not _is_int(value):
-        return [_invalid(path, _show(value), "must be an integer")]
+        return [invalid(path, show(value), "must be an integer")]
     assert isinstance(value, int)
     if value < 0:
-        return [_invalid(path, _show(value), "must be greater than or equal to 0")]
+        return [invalid(path, show(value), "must be greater than or equal to 0")]
     return []
 
 
@@ -195,7 +173,7 @@ def _nonnegative(value: object, path: str) -> list[str]:
 def _validate_label_selector(raw: object, path: str) -> list[str]:
     """``metav1validation.ValidateLabelSelector`` with ``AllowInvalidLabelValueInSelector`` off."""
     if not isinstance(raw, Mapping):
-        return [_invalid(path, _show(raw), "must be an object")]
+        return [invalid(path, show(raw), "must be an object")]
     errors: list[str] = []
     match_labels = raw.get("matchLabels")
     if match_labels is not None:
@@ -204,12 +182,12 @@ def _validate_label_selector(raw: object, path: str) -> list[str]:
     if expressions is None:
         return errors
     if not isinstance(expressions, list):
-        errors.append(_invalid(f"{path}.matchExpressions", _show(expressions), "must be a list"))
+        errors.append(invalid(f"{path}.matchExpressions", show(expressions), "must be a list"))
         return errors
     for index, expression in enumerate(expressions):
         item = f"{path}.matchExpressions[{index}]"
         if not isinstance(expression, Mapping):
-            errors.append(_invalid(item, _show(expression), "must be an object"))
+            errors.append(invalid(item, show(expression), "must be an object"))
             continue
         errors.extend(_validate_requirement(expression, item))
     return errors
@@ -221,24 +199,22 @@ def _validate_requirement(expression: Mapping[str, Any], path: str) -> list[str]
     operator = expression.get("operator", "")
     values = expression.get("values") or []
     if not isinstance(values, list):
-        return [_invalid(f"{path}.values", _show(values), "must be a list of strings")]
+        return [invalid(f"{path}.values", show(values), "must be a list of strings")]
     if operator in ("In", "NotIn"):
         if not values:
             errors.append(
-                _required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+                required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'")
             )
     elif operator in ("Exists", "DoesNotExist"):
         if values:
             errors.append(
-                _forbidden(
+                forbidden(
                     f"{path}.values",
                     "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
                 )
             )
     else:
-        errors.append(
-            _invalid(f"{path}.operator", _show(operator), "not a valid selector operator")
-        )
+        errors.append(invalid(f"{path}.operator", show(operator), "not a valid selector operator"))
     key = expression.get("key", "")
     errors.extend(_label_name_errors(key, f"{path}.key"))
     for index, value in enumerate(values):
@@ -278,25 +254,23 @@ def _validate_template(template: object, selector: selectors.LabelSelector, path
     """``ValidatePodTemplateSpecForReplicaSet`` (and the parts of ``ValidatePodTemplateSpec``
     named in the module docstring)."""
     if template is None:
-        return [_required(path)]
+        return [required(path)]
     if not isinstance(template, Mapping):
-        return [_invalid(path, _show(template), "must be an object")]
+        return [invalid(path, show(template), "must be an object")]
     errors: list[str] = []
     metadata = template.get("metadata") or {}
     if not isinstance(metadata, Mapping):
-        errors.append(_invalid(f"{path}.metadata", _show(metadata), "must be an object"))
+        errors.append(invalid(f"{path}.metadata", show(metadata), "must be an object"))
         metadata = {}
     labels = metadata.get("labels")
     labels_ok = _is_string_map(labels)
     if not labels_ok:
-        errors.append(
-            _invalid(f"{path}.metadata.labels", _show(labels), "must be a map of strings")
-        )
+        errors.append(invalid(f"{path}.metadata.labels", show(labels), "must be a map of strings"))
     elif not selector.is_empty() and not selector.matches(labels):
         errors.append(
-            _invalid(
+            invalid(
                 f"{path}.metadata.labels",
-                _show(labels),
+                show(labels),
                 "`selector` does not match template `labels`",
             )
         )
@@ -310,7 +284,7 @@ def _validate_template(template: object, selector: selectors.LabelSelector, path
     if pod_spec is None:
         pod_spec = {}
     if not isinstance(pod_spec, Mapping):
-        errors.append(_invalid(f"{path}.spec", _show(pod_spec), "must be an object"))
+        errors.append(invalid(f"{path}.spec", show(pod_spec), "must be an object"))
         return errors
     errors.extend(_validate_containers(pod_spec.get("containers"), f"{path}.spec.containers"))
 
@@ -318,11 +292,11 @@ def _validate_template(template: object, selector: selectors.LabelSelector, path
     restart_policy = pod_spec.get("restartPolicy")
     if restart_policy not in (None, "", _RESTART_POLICY_ALWAYS):
         errors.append(
-            _not_supported(f"{path}.spec.restartPolicy", restart_policy, [_RESTART_POLICY_ALWAYS])
+            not_supported(f"{path}.spec.restartPolicy", restart_policy, [_RESTART_POLICY_ALWAYS])
         )
     if pod_spec.get("activeDeadlineSeconds") is not None:
         errors.append(
-            _forbidden(
+            forbidden(
                 f"{path}.spec.activeDeadlineSeconds",
                 "activeDeadlineSeconds in PodSet is not Supported",  # upstream: "in ReplicaSet"
             )
@@ -333,34 +307,33 @@ def _validate_template(template: object, selector: selectors.LabelSelector, path
 def _validate_containers(containers: object, path: str) -> list[str]:
     """The container checks of ``validateContainers`` / ``validateContainerCommon``."""
     if containers is None or containers == []:
-        return [_required(path)]
+        return [required(path)]
     if not isinstance(containers, list):
-        return [_invalid(path, _show(containers), "must be a list")]
+        return [invalid(path, show(containers), "must be a list")]
     errors: list[str] = []
     names: set[str] = set()
     for index, container in enumerate(containers):
         item = f"{path}[{index}]"
         if not isinstance(container, Mapping):
-            errors.append(_invalid(item, _show(container), "must be an object"))
+            errors.append(invalid(item, show(container), "must be an object"))
             continue
         name = container.get("name") or ""
         if not isinstance(name, str):
-            errors.append(_invalid(f"{item}.name", _show(name), "must be a string"))
+            errors.append(invalid(f"{item}.name", show(name), "must be a string"))
             name = ""
         elif not name:
-            errors.append(_required(f"{item}.name"))
+            errors.append(required(f"{item}.name"))
         else:
             errors.extend(
-                _invalid(f"{item}.name", _show(name), message)
-                for message in _dns1123_label_messages(name)
+                invalid(f"{item}.name", show(name), message) for message in is_dns1123_label(name)
             )
         image = container.get("image")
         if not image:
-            errors.append(_required(f"{item}.image"))
+            errors.append(required(f"{item}.image"))
         elif not isinstance(image, str):
-            errors.append(_invalid(f"{item}.image", _show(image), "must be a string"))
+            errors.append(invalid(f"{item}.image", show(image), "must be a string"))
         if name in names:
-            errors.append(_duplicate(f"{item}.name", name))
+            errors.append(duplicate(f"{item}.name", name))
         else:
             names.add(name)
     return errors
@@ -373,7 +346,7 @@ def _validate_labels(labels: object, path: str) -> list[str]:
     """``ValidateLabels``: each key a qualified name, each value a label value; errors name
     the map, not the key (upstream's ``fldPath``). Keys in sorted order (Go's are random)."""
     if not _is_string_map(labels):
-        return [_invalid(path, _show(labels), "must be a map of strings")]
+        return [invalid(path, show(labels), "must be a map of strings")]
     assert isinstance(labels, Mapping)
     errors: list[str] = []
     for key in sorted(labels):
@@ -388,14 +361,14 @@ def _validate_annotations(annotations: object, path: str) -> list[str]:
     if annotations is None:
         return []
     if not _is_string_map(annotations):
-        return [_invalid(path, _show(annotations), "must be a map of strings")]
+        return [invalid(path, show(annotations), "must be a map of strings")]
     assert isinstance(annotations, Mapping)
     errors: list[str] = []
     total = 0
     for key in sorted(annotations):
         total += len(key.encode()) + len(annotations[key].encode())
         errors.extend(
-            _invalid(path, _show(key), message) for message in _qualified_name_messages(key.lower())
+            invalid(path, show(key), message) for message in is_qualified_name(key.lower())
         )
     if total > _TOTAL_ANNOTATION_SIZE_LIMIT:
         errors.append(
@@ -407,124 +380,23 @@ def _validate_annotations(annotations: object, path: str) -> list[str]:
 def _label_name_errors(key: object, path: str) -> list[str]:
     """``ValidateLabelName``."""
     if not isinstance(key, str):
-        return [_invalid(path, _show(key), "must be a string")]
-    return [_invalid(path, _show(key), message) for message in _qualified_name_messages(key)]
+        return [invalid(path, show(key), "must be a string")]
+    return [invalid(path, show(key), message) for message in is_qualified_name(key)]
 
 
 def _label_value_errors(value: object, path: str) -> list[str]:
     if not isinstance(value, str):
-        return [_invalid(path, _show(value), "must be a string")]
-    return [_invalid(path, _show(value), message) for message in _label_value_messages(value)]
-
-
-def _regex_error(message: str, fmt: str, *examples: str) -> str:
-    """``validation.RegexError``, double spaces included (``"'a',  or 'b', "``)."""
-    if not examples:
-        return f"{message} (regex used for validation is '{fmt}')"
-    shown = " or ".join(f"'{example}', " for example in examples)
-    return f"{message} (e.g. {shown}regex used for validation is '{fmt}')"
-
-
-def _max_len_error(length: int, unit: str = "characters") -> str:
-    """``validation.MaxLenError``; v1.37 counts label keys, values and prefixes in bytes."""
-    return f"must be no more than {length} {unit}"
-
-
-def _qualified_name_messages(value: str) -> list[str]:
-    """``validation.IsQualifiedName``."""
-    errors: list[str] = []
-    parts = value.split("/")
-    if len(parts) == 1:
-        name = parts[0]
-    elif len(parts) == 2:
-        prefix, name = parts
-        if not prefix:
-            errors.append("prefix part must be non-empty")
-        else:
-            errors.extend(f"prefix part {m}" for m in _dns1123_subdomain_messages(prefix))
-    else:
-        return [
-            "a valid label key "
-            + _regex_error(_QUALIFIED_NAME_ERR, _QUALIFIED_NAME_FMT, "MyName", "my.name", "123-abc")
-            + " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
-        ]
-    if not name:
-        errors.append("name part must be non-empty")
-    elif len(name.encode()) > _QUALIFIED_NAME_MAX:
-        errors.append(f"name part {_max_len_error(_QUALIFIED_NAME_MAX, 'bytes')}")
-    if not _QUALIFIED_NAME_RE.fullmatch(name):
-        errors.append(
-            "name part "
-            + _regex_error(_QUALIFIED_NAME_ERR, _QUALIFIED_NAME_FMT, "MyName", "my.name", "123-abc")
-        )
-    return errors
-
-
-def _label_value_messages(value: str) -> list[str]:
-    """``validation.IsValidLabelValue``."""
-    errors: list[str] = []
-    if len(value.encode()) > _LABEL_VALUE_MAX:
-        errors.append(_max_len_error(_LABEL_VALUE_MAX, "bytes"))
-    if not _LABEL_VALUE_RE.fullmatch(value):
-        errors.append(
-            _regex_error(_LABEL_VALUE_ERR, _LABEL_VALUE_FMT, "MyValue", "my_value", "12345")
-        )
-    return errors
-
-
-def _dns1123_subdomain_messages(value: str) -> list[str]:
-    """``validation.IsDNS1123Subdomain``, as the prefix of a qualified name."""
-    errors: list[str] = []
-    if len(value.encode()) > _DNS1123_SUBDOMAIN_MAX:
-        errors.append(_max_len_error(_DNS1123_SUBDOMAIN_MAX, "bytes"))
-    if not _DNS1123_SUBDOMAIN_RE.fullmatch(value):
-        errors.append(_regex_error(_DNS1123_SUBDOMAIN_ERR, _DNS1123_SUBDOMAIN_FMT, "example.com"))
-    return errors
-
-
-def _dns1123_label_messages(value: str) -> list[str]:
-    """``validation.IsDNS1123Label``."""
-    errors: list[str] = []
-    if len(value) > _DNS1123_LABEL_MAX:
-        errors.append(_max_len_error(_DNS1123_LABEL_MAX))
-    if not _DNS1123_LABEL_RE.fullmatch(value):
-        errors.append(_regex_error(_DNS1123_LABEL_ERR, _DNS1123_LABEL_FMT, "my-name", "123-abc"))
-    return errors
+        return [invalid(path, show(value), "must be a string")]
+    return [invalid(path, show(value), message) for message in is_label_value(value)]
 
 
 # --- field.Error formatting ------------------------------------------------------------------
 
 
-def _required(path: str, detail: str = "") -> str:
-    return f"{path}: Required value" + (f": {detail}" if detail else "")
-
-
-def _forbidden(path: str, detail: str) -> str:
-    return f"{path}: Forbidden: {detail}"
-
-
-def _invalid(path: str, shown: str, detail: str) -> str:
-    return f"{path}: Invalid value: {shown}: {detail}"
-
-
-def _duplicate(path: str, value: str) -> str:
-    return f"{path}: Duplicate value: {_show(value)}"
-
-
-def _not_supported(path: str, value: object, supported: Sequence[str]) -> str:
-    listed = ", ".join(json.dumps(v) for v in supported)
-    return f"{path}: Unsupported value: {_show(value)}: supported values: {listed}"
-
-
-def _show(value: object) -> str:
-    """A bad value as ``field.Error`` prints it: JSON, maps with sorted keys, ``null`` if unset."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def _show_selector(raw: object) -> str:
     """A ``metav1.LabelSelector`` as Go marshals it: fields in struct order, empty ones omitted."""
     if not isinstance(raw, Mapping):
-        return _show(raw)
+        return show(raw)
     shown: dict[str, object] = {}
     if raw.get("matchLabels"):
         shown["matchLabels"] = raw["matchLabels"]

@@ -40,12 +40,12 @@ Pure: builds the object; :mod:`tally.webhook.registrar` applies it through the A
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 from tally.evaluators.base import Evaluator, GroupResource, Operation
 from tally.evaluators.registry import group_resource_for_count_name, new_registry
+from tally.machinery.validation import is_dns1123_label
 
 QUOTA_WEBHOOK_ID: Final = "quota"
 """The Kopf handler id, and so the last URL path segment of the webhook."""
@@ -104,7 +104,6 @@ NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 TIMEOUT_SECONDS: Final = 10
 DEFAULT_EXEMPT_NAMESPACES: Final = ("kube-system",)
 DEFAULT_SERVICE_PORT: Final = 443
-_DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class Route(NamedTuple):
@@ -138,8 +137,9 @@ def parse_service_reference(text: str) -> ServiceReference:
     if not slash:
         raise ValueError(f"{text!r} is not <namespace>/<name>[:<port>]")
     for part, what in ((namespace, "namespace"), (name, "service name")):
-        if not _DNS1123_LABEL.fullmatch(part):
-            raise ValueError(f"{part!r} is not a valid {what} (in {text!r})")
+        problems = is_dns1123_label(part)
+        if problems:
+            raise ValueError(f"{part!r} is not a valid {what} (in {text!r}): {'; '.join(problems)}")
     port = DEFAULT_SERVICE_PORT
     if port_text:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
