@@ -6,7 +6,8 @@ Owns :mod:`~tally.machinery.cache` (stores of projections, the synced point, rec
 :mod:`~tally.machinery.leaderelection` (client-go's leader elector over a lock protocol),
 :mod:`~tally.machinery.selectors` (label selectors), :mod:`~tally.machinery.validation`
 (apimachinery's name validation and ``field.Error`` wording, the one check of a DNS-1123 or
-qualified name) and :mod:`~tally.machinery.errors` (apimachinery's conflict). Pure core, just above the bottom: imports no Kopf, no API client,
-no HTTP library, and of tally only its siblings and :mod:`tally.workqueue` (whose clock, token
-bucket and watched tasks it shares); everything runs with plain data and an injectable clock.
+qualified name) and :mod:`~tally.machinery.errors` (apimachinery's conflict). Pure core,
+just above the bottom: imports no Kopf, no API client, no HTTP library, and of tally only its
+siblings and :mod:`tally.workqueue` (whose clock, token bucket and watched tasks it shares);
+everything runs with plain data and an injectable clock.
 """
