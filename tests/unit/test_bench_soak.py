@@ -1,5 +1,6 @@
-"""bench/soak.py's judges, on plain data: what counts as admitted past a quota, what a status
-that differs from the truth is, and the memory slope (hand-computed expectations)."""
+"""The soak's judges (bench/soak_checker.py, bench/soak_report.py), on plain data: what counts
+as admitted past a quota, what a status that differs from the truth is, and the memory slope
+(hand-computed expectations); and bench/soak.py's arguments."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-import soak  # noqa: E402 (bench/ is put on sys.path above, as the benchmarks run)
+# bench/ is put on sys.path above, as the benchmarks run.
+import soak  # noqa: E402
+import soak_checker  # noqa: E402
+import soak_report  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +72,7 @@ def test_over_admitted(
     stable_since: float,
     over: list[str],
 ) -> None:
-    found = soak.over_admitted(objects, hard, stable_since)
+    found = soak_checker.over_admitted(objects, hard, stable_since)
     assert over == [f["object"] for f in found], name
 
 
@@ -79,7 +83,7 @@ def test_used_differs_names_each_resource_off_the_truth() -> None:
     assert {
         "requests.storage": ("1Gi", 2 * 2**30),
         "secrets": (None, 0),  # no status for it yet is a difference too
-    } == soak.used_differs(status, hard, truth)
+    } == soak_checker.used_differs(status, hard, truth)
 
 
 def test_the_slope_is_common_to_every_process_and_ignores_their_levels() -> None:
@@ -87,8 +91,8 @@ def test_the_slope_is_common_to_every_process_and_ignores_their_levels() -> None
     # 10 MiB per 10 minutes, whatever the jump at the restart.
     samples = [(60.0 * m, 1, 100.0 + m) for m in range(6)]
     samples += [(60.0 * m, 2, 50.0 + m) for m in range(6, 12)]
-    assert 10.0 == soak.slope_per_10min(samples)
-    assert None is soak.slope_per_10min(samples[:9])  # too few to say
+    assert 10.0 == soak_report.slope_per_10min(samples)
+    assert None is soak_report.slope_per_10min(samples[:9])  # too few to say
 
 
 def test_fault_kinds_are_checked_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,11 +112,11 @@ def test_a_lead_taken_starts_a_segment_of_its_own(tmp_path: Path) -> None:
         "[2026-11-26 10:01:00,000] tally.app.runtime    [INFO    ] something else\n"
     )
     start = time.mktime(time.strptime("2026-11-26 10:00:00", "%Y-%m-%d %H:%M:%S"))
-    taken = [at - start for at in soak.acquisitions_in(log)]
+    taken = [at - start for at in soak_report.acquisitions_in(log)]
     assert taken == [30.5]
     # Process 1 follows until 30.5 s, then leads; process 2 (a restart) follows.
     samples = [(0.0, 1, 100.0), (30.0, 1, 100.0), (40.0, 1, 106.0), (50.0, 2, 90.0)]
-    assert soak.role_segments(samples, taken) == [
+    assert soak_report.role_segments(samples, taken) == [
         (0.0, 0, 100.0),
         (30.0, 0, 100.0),
         (40.0, 1, 106.0),
@@ -125,13 +129,13 @@ def test_a_step_at_a_lead_taken_is_no_slope_in_a_steady_role() -> None:
     # flat again. One process: its slope sees the step; split by role, both halves are flat.
     samples = [(float(t), 1, 100.0 if t < 300 else 106.0) for t in range(0, 600, 10)]
     total = 600.0
-    half = soak.last_half(samples, total)
+    half = soak_report.last_half(samples, total)
     assert half[0][0] == 300.0  # the last half, the process's warm-up long over
-    step_slope = soak.slope_per_10min(half)
+    step_slope = soak_report.slope_per_10min(half)
     assert step_slope == 0.0  # the step fell at the start of the half: nothing after it
     early = [(float(t), 1, 100.0 if t < 450 else 106.0) for t in range(0, 600, 10)]
-    assert (soak.slope_per_10min(soak.last_half(early, total)) or 0) > 10
-    by_role = soak.last_half(soak.role_segments(early, [450.0]), total)
+    assert (soak_report.slope_per_10min(soak_report.last_half(early, total)) or 0) > 10
+    by_role = soak_report.last_half(soak_report.role_segments(early, [450.0]), total)
     # The segment that starts at 450 s loses its first WARMUP_S (60 s) like a new process.
     assert min(t for t, segment, _ in by_role if segment == 1) == 510.0
-    assert soak.slope_per_10min(by_role) == 0.0
+    assert soak_report.slope_per_10min(by_role) == 0.0
