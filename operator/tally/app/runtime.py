@@ -30,11 +30,9 @@ other replica takes over at its next attempt rather than after the lease duratio
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,7 +42,6 @@ from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
-from tally.admission.errors import internal_error
 from tally.admission.evaluator import QuotaEvaluator
 from tally.app.heap import HeapTrimmer, glibc_malloc_trim
 from tally.app.metrics import Metrics
@@ -56,39 +53,40 @@ from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
 from tally.clusterquota.measures import MeasureCatalog
+from tally.clusterquota.routing import ClusterQuotaEvents
 from tally.evaluators.base import GroupResource, object_count_resource_name
 from tally.evaluators.measured import MeasuredEvaluator
-from tally.evaluators.podsets import SCALE, PodSetEvaluator, scaled
+from tally.evaluators.podsets import PodSetEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
 from tally.kube.access_reviews import KubeAccessReviewer
 from tally.kube.charge_verifier import KubeChargeVerifier
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.events import WarningRecorder
+from tally.kube.informers import KubeInformers
 from tally.kube.lease_lock import KubeLeaseLock
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
-from tally.machinery.cache import Change, ChangeKind, Store
-from tally.machinery.informers import Informer
+from tally.machinery.cache import Change, Store
 from tally.measures import Measure
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota.identity import (
     CLUSTER_QUOTA_KIND,
     QuotaKey,
-    cluster_quota_key,
     cluster_quota_of,
     quota_key,
 )
-from tally.quota.resources import ResourceListError, parse_resource_list
-from tally.resourcequota.controller import ResourceQuotaController, raised_usage
+from tally.resourcequota.controller import ResourceQuotaController
 from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
 from tally.resourcequota.replenishment import replenisher
+from tally.resourcequota.routing import QuotaEvents
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,
     PODSET_WEBHOOK_ID,
     QUOTA_WEBHOOK_ID,
 )
+from tally.webhook.podset_scale import ScaledPodSets
 from tally.webhook.registrar import WebhookRegistrar
 from tally.webhook.server import (
     WebhookServer,
@@ -136,22 +134,6 @@ still holding its Lease."""
 def _keep_whole(obj: Any) -> Any:
     """Quotas are few and small; the controller and admission need spec and status as read."""
     return obj
-
-
-RESOURCE_QUOTA_HARD: Final = ("status", "hard")
-CLUSTER_QUOTA_HARD: Final = ("status", "total", "hard")
-
-
-def names_read(quota: Mapping[str, Any], hard_at: tuple[str, ...]) -> tuple[object, frozenset[str]]:
-    """What the webhook rules and the dynamic ``count/`` kinds read of a quota: its spec (the
-    names in its hard; a ClusterQuota's measures say which kinds those measure) and the names
-    of the hard list at ``hard_at`` in its status (a malformed one reads as none). A write of
-    usage alone leaves both as they were."""
-    hard: object = quota
-    for key in hard_at:
-        hard = hard.get(key) if isinstance(hard, Mapping) else None
-    names = frozenset(map(str, hard)) if isinstance(hard, Mapping) else frozenset()
-    return quota.get("spec"), names
 
 
 class Runtime:
@@ -223,28 +205,21 @@ class Runtime:
             }
         )  # fmt: skip
         self._measured: dict[GroupResource, dict[str, Measure]] = {}
-        self.informers: dict[GroupResource, Informer[Any]] = {}
-        self.informers[CLUSTER_QUOTAS] = Informer(
-            str(CLUSTER_QUOTAS), Store(_keep_whole, name=str(CLUSTER_QUOTAS)),
-            self._lister(CLUSTER_QUOTAS),
-        )  # fmt: skip
-        self.informers[NAMESPACES] = Informer(
-            str(NAMESPACES), Store(namespace_labels, name=str(NAMESPACES)),
-            self._lister(NAMESPACES),
-        )  # fmt: skip
+        self.caches = KubeInformers(
+            api,
+            versions=OWN_KINDS,
+            cluster_scoped=CLUSTER_SCOPED,
+            optional=frozenset(OWN_KINDS),
+            namespaces=settings.watched_namespaces,
+        )
+        self.informers = self.caches.informers
+        self.caches.add(CLUSTER_QUOTAS, _keep_whole)
+        self.caches.add(NAMESPACES, namespace_labels)
         for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS):
             evaluator = self.registry.get(gr) if gr not in (RESOURCE_QUOTAS, PODSETS) else None
-            store: Store[Any] = Store(
-                evaluator.project if evaluator is not None else _keep_whole, name=str(gr)
-            )
-            self.informers[gr] = Informer(str(gr), store, self._lister(gr))
-        # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle),
-        # fed by the same pod events as the quota view.
-        self.pod_views: Informer[Any] = Informer(
-            "pods(podset)", Store(pod_view, name="pods(podset)"), self._lister(PODS)
-        )
-        for informer in (*self.informers.values(), self.pod_views):
-            informer.on_gap = self._relist_all
+            self.caches.add(gr, evaluator.project if evaluator is not None else _keep_whole)
+        # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle).
+        self.pod_views = self.caches.add_view(PODS, "pods(podset)", pod_view)
         self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
         # One mapping shared by the controller (read at every sync), the charge verifier and
         # the dynamic kinds (which add and remove the stores of count/ resources at run time).
@@ -361,6 +336,11 @@ class Runtime:
             workers=settings.workers,
             metrics_provider=self.metrics.workqueue,
         )
+        self.scaled_podsets = ScaledPodSets(
+            PODSETS,
+            self.informers[PODSETS].store.get,
+            podset_client.KubePodSetClient(self.dedicated_api).get_podset,
+        )
         self.tls: ServingTLS | None = None
         self.registrar: WebhookRegistrar | None = None
         self.webhook_server: WebhookServer | None = None
@@ -375,130 +355,38 @@ class Runtime:
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
 
-    def _lister(self, gr: GroupResource) -> Any:
-        version = OWN_KINDS.get(gr, "v1")
-
-        # None: all namespaces at once (and the only choice for cluster-scoped kinds).
-        namespaces: list[str | None] = (
-            [None]
-            if gr in CLUSTER_SCOPED
-            else [*sorted(self.settings.watched_namespaces)] or [None]
-        )
-
-        async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
-            try:
-                for namespace in namespaces:
-                    async for page in rest.list_pages(
-                        self.api, gr.group, version, gr.resource, namespace=namespace
-                    ):
-                        yield page
-            except client.ApiException as error:
-                if error.status == 404 and gr in OWN_KINDS:
-                    # The CRD is not installed (yet): no such objects. Kopf starts watching
-                    # them when it appears, and those events fill the store.
-                    return
-                raise
-
-        return list_kind
-
     def _admission_rules_current(self) -> bool:
         """Whether the API server sends tally's webhook every kind the quotas name; True without
         a registrar (the webhook is off: nothing to wait for)."""
         return self.registrar is None or self.registrar.rules_current()
 
-    def _relist_all(self) -> None:
-        """Kopf re-listed one kind after a watch gap: every synced kind re-lists too. Kopf's
-        re-list of a kind whose objects were all deleted during the gap delivers no event, so
-        that kind's informer cannot see the gap itself (its ghosts would count forever)."""
-        for informer in (*self.informers.values(), self.pod_views):
-            if informer.synced:
-                informer.schedule_relist()
-
     def _wire_handlers(self) -> None:
-        controller = self.controller
-        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``): their changes
-        # replenish like any tracked kind's, after the controller's own handling.
-        count_quotas = self._replenisher(RESOURCE_QUOTAS)
-
-        def on_quota(change: Change[Any]) -> None:
-            # Quota projections are the whole objects: never None for the side that exists.
-            names_changed = True
-            if change.kind is ChangeKind.DELETED:
-                old = change.old or {}
-                controller.delete_quota(old)
-                self.charges.forget_quota(quota_key(old))
-                self.accessor.forget(quota_key(old))
-                # Every replica exports the gauges (_report_status) but only the leader's
-                # controller syncs a deleted quota: each replica drops its own series here.
-                self.metrics.quota_deleted(quota_key(old))
-            elif change.kind is ChangeKind.ADDED:
-                controller.add_quota(change.new or {})
-            else:
-                old, new = change.old or {}, change.new or {}
-                controller.update_quota(old, new)
-                # A raise this process did not write is another replica's charge: held.
-                self.accessor.usage_raised(
-                    quota_key(new),
-                    str((new.get("metadata") or {}).get("resourceVersion") or ""),
-                    raised_usage(old, new),
-                )
-                names_changed = names_read(old, RESOURCE_QUOTA_HARD) != names_read(
-                    new, RESOURCE_QUOTA_HARD
-                )
-            if change.new is not None and self.enforces_resource_quotas:
-                self._report_status(change.new)
-            count_quotas(change)
-            if names_changed:
-                self._quota_names_changed()
-
-        self.informers[RESOURCE_QUOTAS].add_handler(on_quota)
+        self.informers[RESOURCE_QUOTAS].add_handler(
+            QuotaEvents(
+                self.controller,
+                charges=self.charges,
+                writes=self.accessor,
+                observer=self.metrics,
+                enforcing=lambda: self.enforces_resource_quotas,
+                # Quotas count quotas too (``count/resourcequotas``): after the controller.
+                replenish=self._replenisher(RESOURCE_QUOTAS),
+                names_changed=self._quota_names_changed,
+            )
+        )
         for gr in (*TRACKED_CORE_KINDS, PODSETS):
             self.informers[gr].add_handler(self._replenisher(gr))
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
-        self.informers[CLUSTER_QUOTAS].add_handler(self._on_cluster_quota)
+        self.informers[CLUSTER_QUOTAS].add_handler(
+            ClusterQuotaEvents(
+                self.cluster_controller,
+                writes=self.accessor,
+                observer=self.metrics,
+                measures_changed=self._refresh_measures,
+                names_changed=self._quota_names_changed,
+            )
+        )
         self.informers[NAMESPACES].add_handler(self.cluster_controller.on_namespace)
         self.pod_views.add_handler(self.podset_controller.on_pod)
-
-    def _report_status(self, quota_obj: Any) -> None:
-        """The quota's gauges follow its status as written, by admission's charges as by the
-        controller's syncs: charges alone would otherwise show only at the next sync."""
-        status = quota_obj.get("status") or {}
-        try:
-            hard = parse_resource_list(status.get("hard"), "status.hard")
-            used = parse_resource_list(status.get("used"), "status.used")
-        except ResourceListError:
-            return  # the controller's next sync reports (and corrects) it
-        self.metrics.quota_synced(quota_key(quota_obj), hard, used)
-
-    def _on_cluster_quota(self, change: Change[Any]) -> None:
-        if change.kind is ChangeKind.UPDATED and change.old is not None and change.new is not None:
-            # A raise of a share this process did not write is another replica's charge:
-            # held (with leader election), as for ResourceQuotas.
-            name = change.name
-            self.accessor.raised(
-                cluster_quota_key("", name),
-                str((change.new.get("metadata") or {}).get("resourceVersion") or ""),
-                {
-                    cluster_quota_key(namespace, name): amount
-                    for namespace, amount in cluster_quota.raised_shares(
-                        change.old, change.new
-                    ).items()
-                },
-            )
-        elif change.kind is ChangeKind.DELETED:
-            self.accessor.forget(cluster_quota_key("", change.name))
-        if change.new is not None and change.new.get("status"):
-            # A status that does not parse is the controller's to rewrite at its next sync.
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                self.metrics.cluster_quota_synced(change.name, change.new["status"])
-        if (change.old or {}).get("spec") != (change.new or {}).get("spec"):
-            self._refresh_measures()  # not on status writes: admission makes many
-        self.cluster_controller.on_cluster_quota(change)
-        old, new = change.old or {}, change.new or {}
-        if change.kind is not ChangeKind.UPDATED or names_read(
-            old, CLUSTER_QUOTA_HARD
-        ) != names_read(new, CLUSTER_QUOTA_HARD):
-            self._quota_names_changed()
 
     def _quota_names_changed(self) -> None:
         """The resources some quota names may have changed: the dynamic ``count/`` kinds and
@@ -750,27 +638,10 @@ class Runtime:
         # in the store (Kopf's watch, started later, never reports its deletion) until the next
         # re-list, and the controller would sync a deleted quota. Quotas are few: a quick LIST,
         # still beside the other kinds' on a cluster where those take longer than the probe.
-        await self.informers[RESOURCE_QUOTAS].sync()
+        await self.caches.sync([RESOURCE_QUOTAS])
 
     async def _sync_all_but_quotas(self) -> None:
-        await asyncio.gather(
-            *(
-                informer.sync()
-                for gr, informer in self.informers.items()
-                if gr not in (PODS, RESOURCE_QUOTAS)
-            ),
-            self._sync_pods(),
-        )
-
-    async def _sync_pods(self) -> None:
-        """Both pod stores (quota's and the PodSet controller's) from one paged LIST; later
-        re-lists of either are their own."""
-        quota_view, podset_view = self.informers[PODS].begin_sync(), self.pod_views.begin_sync()
-        async for page in self.informers[PODS].lister():
-            quota_view.add(page)
-            podset_view.add(page)
-        quota_view.finish()
-        podset_view.finish()
+        await self.caches.sync(gr for gr in self.informers if gr != RESOURCE_QUOTAS)
 
     async def _check_builtin_quota(self) -> None:
         """Leave ResourceQuotas to upstream's own quota system where it is on (see
@@ -867,8 +738,7 @@ class Runtime:
         self.charges.stop()
         await self.charge_verifier.stop()
         await self.dynamic.stop()
-        for informer in (*self.informers.values(), self.pod_views):
-            await informer.stop()
+        await self.caches.stop()
         await self.recorder.flush(within=left())
         if left() == 0.0:
             logger.warning(
@@ -894,15 +764,7 @@ class Runtime:
             # Before the TALLY_NAMESPACES filter: the certificate Secret lives in tally's own
             # namespace, which tally need not manage.
             self.tls.secret_event(obj)
-        watched = self.settings.watched_namespaces
-        namespace = (obj.get("metadata") or {}).get("namespace")
-        if watched and gr not in CLUSTER_SCOPED and namespace not in watched:
-            return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
-        informer = self.informers.get(gr)
-        if informer is not None:
-            informer.on_event(event_type, obj)
-        if gr == PODS:
-            self.pod_views.on_event(event_type, obj)
+        self.caches.on_event(gr, event_type, obj)
 
     def creations_charged(self, gr: GroupResource, namespace: str) -> bool:
         """Whether quota admission charges creations of ``gr`` in ``namespace`` now (the
@@ -919,36 +781,9 @@ class Runtime:
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
-        if attributes.group_resource == PODSETS and attributes.subresource == SCALE:
-            scaled_podset = await self._as_scaled_podset(attributes)
-            if scaled_podset is None:
-                return  # no such PodSet: nothing to charge, the API server answers 404
-            attributes = scaled_podset
-        await self.admission.evaluate(attributes)
-
-    async def _as_scaled_podset(self, attributes: Attributes) -> Attributes | None:
-        """A write of a PodSet's ``scale`` carries a Scale (replicas only): judge the PodSet
-        as it is before and will be after it. The PodSet comes from the cache, or from the
-        API when the cache does not have it yet."""
-        if attributes.obj is None or attributes.old_obj is None:
-            return attributes
-        podset = self.informers[PODSETS].store.get(attributes.namespace, attributes.name)
-        if podset is None:
-            path = rest.collection_path(
-                podset_client.GROUP, podset_client.VERSION, podset_client.PLURAL,
-                attributes.namespace,
-            ) + f"/{attributes.name}"  # fmt: skip
-            try:
-                podset = await rest.get_json(self.dedicated_api, path)
-            except client.ApiException as error:
-                if error.status == 404:
-                    return None
-                raise internal_error(f"reading the PodSet to scale: {error.reason}") from error
-        return dataclasses.replace(
-            attributes,
-            obj=scaled(podset, attributes.obj),
-            old_obj=scaled(podset, attributes.old_obj),
-        )
+        resolved = await self.scaled_podsets.resolve(attributes)
+        if resolved is not None:
+            await self.admission.evaluate(resolved)
 
 
 def _load_admission_config(path: str) -> Configuration | None:

@@ -224,3 +224,15 @@ def parse_resource_list(raw: object, field: str = "resources") -> dict[str, Quan
 
 def _kind(value: Any) -> str:
     return builtins.type(value).__name__
+
+
+def names_read(obj: Mapping[str, Any], hard_at: tuple[str, ...]) -> tuple[object, frozenset[str]]:
+    """What the webhook rules and the dynamic ``count/`` kinds read of a quota: its spec (the
+    names in its hard; a ClusterQuota's measures say which kinds those measure) and the names
+    of the hard list at ``hard_at`` in its status (a malformed one reads as none). A write of
+    usage alone leaves both as they were."""
+    hard: object = obj
+    for key in hard_at:
+        hard = hard.get(key) if isinstance(hard, Mapping) else None
+    names = frozenset(map(str, hard)) if isinstance(hard, Mapping) else frozenset()
+    return obj.get("spec"), names

@@ -1,0 +1,149 @@
+"""Every kind tally tracks, as informers LISTed through the API: upstream's informer factory.
+
+Kopf delivers the watch events; this module gives each kind its LIST (paged, per watched
+namespace or cluster-wide), the synced point for a set of kinds at once, second views of one
+kind fed by the same events and the same LIST pages (the PodSet controller's compact pods
+beside quota's), and the one reaction to a watch gap: every synced kind re-lists
+(:mod:`tally.machinery.informers` says why one kind's gap is every kind's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from tally.evaluators.base import GroupResource
+from tally.kube import rest
+from tally.machinery.cache import Store
+from tally.machinery.informers import Informer, Lister
+
+Projection = Callable[[Any], Any]
+
+
+def lister(
+    api: client.ApiClient,
+    gr: GroupResource,
+    version: str,
+    namespaces: Iterable[str | None],
+    *,
+    optional: bool = False,
+) -> Lister:
+    """A paged LIST of ``gr`` in each of ``namespaces`` (None: all at once). ``optional``: a
+    kind whose CRD may be missing, which lists as no objects (Kopf starts watching it when it
+    appears, and those events fill the store)."""
+    listed = list(namespaces)
+
+    async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
+        try:
+            for namespace in listed:
+                async for page in rest.list_pages(
+                    api, gr.group, version, gr.resource, namespace=namespace
+                ):
+                    yield page
+        except client.ApiException as error:
+            if error.status == 404 and optional:
+                return
+            raise
+
+    return list_kind
+
+
+class KubeInformers:
+    """One informer per tracked kind, and second views of a kind; fed by :meth:`on_event`."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        versions: Mapping[GroupResource, str],
+        cluster_scoped: frozenset[GroupResource],
+        optional: frozenset[GroupResource],
+        namespaces: frozenset[str],
+    ) -> None:
+        """``versions``: the version each kind is read at (default v1); ``optional``: kinds
+        whose CRD may be missing; ``namespaces``: the namespaces tally manages (empty: all)."""
+        self.api = api
+        self._versions = versions
+        self._cluster_scoped = cluster_scoped
+        self._optional = optional
+        self._namespaces = namespaces
+        self.informers: dict[GroupResource, Informer[Any]] = {}
+        self._views: dict[GroupResource, list[Informer[Any]]] = {}
+
+    def add(self, gr: GroupResource, projection: Projection) -> Informer[Any]:
+        """The informer of ``gr``, whose store keeps ``projection`` of each object."""
+        informer: Informer[Any] = Informer(
+            str(gr), Store(projection, name=str(gr)), self._lister(gr)
+        )
+        informer.on_gap = self.relist_all
+        self.informers[gr] = informer
+        return informer
+
+    def add_view(self, gr: GroupResource, name: str, projection: Projection) -> Informer[Any]:
+        """A second store of ``gr``'s objects, fed by the same events and LIST pages as its
+        informer's; later re-lists are its own."""
+        view: Informer[Any] = Informer(name, Store(projection, name=name), self._lister(gr))
+        view.on_gap = self.relist_all
+        self._views.setdefault(gr, []).append(view)
+        return view
+
+    def all(self) -> list[Informer[Any]]:
+        return [*self.informers.values(), *(v for views in self._views.values() for v in views)]
+
+    def _lister(self, gr: GroupResource) -> Lister:
+        # None: all namespaces at once (and the only choice for cluster-scoped kinds).
+        namespaces: list[str | None] = (
+            [None] if gr in self._cluster_scoped else [*sorted(self._namespaces)] or [None]
+        )
+        return lister(
+            self.api,
+            gr,
+            self._versions.get(gr, "v1"),
+            namespaces,
+            optional=gr in self._optional,
+        )
+
+    async def sync(self, kinds: Iterable[GroupResource]) -> None:
+        """The synced point of ``kinds``: each LISTed once, its views from the same pages."""
+        await asyncio.gather(*(self._sync(gr) for gr in kinds))
+
+    async def _sync(self, gr: GroupResource) -> None:
+        informer, views = self.informers[gr], self._views.get(gr, [])
+        if not views:
+            await informer.sync()
+            return
+        syncs = [informer.begin_sync(), *(view.begin_sync() for view in views)]
+        async for page in informer.lister():
+            for sync in syncs:
+                sync.add(page)
+        for sync in syncs:
+            sync.finish()
+
+    def relist_all(self) -> None:
+        """Kopf re-listed one kind after a watch gap: every synced kind re-lists too. Kopf's
+        re-list of a kind whose objects were all deleted during the gap delivers no event, so
+        that kind's informer cannot see the gap itself (its ghosts would count forever)."""
+        for informer in self.all():
+            if informer.synced:
+                informer.schedule_relist()
+
+    def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        if (
+            self._namespaces
+            and gr not in self._cluster_scoped
+            and namespace not in self._namespaces
+        ):
+            return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
+        informer = self.informers.get(gr)
+        if informer is not None:
+            informer.on_event(event_type, obj)
+        for view in self._views.get(gr, ()):
+            view.on_event(event_type, obj)
+
+    async def stop(self) -> None:
+        for informer in self.all():
+            await informer.stop()
