@@ -137,7 +137,7 @@ async def test_a_creation_in_an_exempt_namespace_recalculates_its_quotas() -> No
     # a namespace the webhook exempts nothing charged it: its quotas are recalculated.
     for exempt, queued in (("kube-system", []), ("kube-system,team", [KEY])):
         async for runtime in _runtime(exempt_namespaces=exempt):
-            runtime.registrar = _Registered()  # type: ignore[assignment]
+            runtime.serving.registrar = _Registered()  # type: ignore[assignment]
             runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
             assert queued == await _queued(runtime.controller.queue), exempt
 

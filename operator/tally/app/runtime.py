@@ -8,30 +8,14 @@ the PodSet controller and the webhook registration; ``stop`` undoes it in revers
 Event entry points (``on_event``) and the admission entry point (``admit``) are plain
 coroutines, so the Kopf layer stays a few lines of translation.
 
-**Leader election** (``TALLY_LEADER_ELECTION``, :mod:`tally.machinery.leaderelection`): every
-replica keeps the caches and serves the webhook (admission's reservations are compare-and-swap
-writes, safe from several replicas; see :mod:`tally.admission.evaluator`); only the Lease holder
-leads. Leading is everything that must happen once: the quota controller's status writes and resync
-(two writers would fight; and the PodSet controller's expectations live in one process's
-memory, so two would create pods twice), the webhook configuration's writes (rules follow the
-leader's caches), and the dynamic kinds' Events. A replica that is not leading keeps its queues
-filled from the events (keys only), so that when it takes over it syncs every quota and PodSet
-at once from warm caches.
-
-Losing the lease stops the controllers at once (in-flight syncs cancelled) and then the whole
-process, through ``on_leadership_lost`` (the Kopf layer: the same graceful stop as a SIGTERM);
-the kubelet restarts it as a candidate. Upstream's components exit too
-(``klog.Fatalf("leaderelection lost")``): restarting from scratch is simpler and safer than
-restarting controllers whose in-memory state (expectations) may be stale. A graceful stop
-stops the controllers, *then* releases the lease (client-go ``ReleaseOnCancel``), so that the
-other replica takes over at its next attempt rather than after the lease duration.
+Leading (what runs once in the cluster, and the Lease that decides where) is
+:mod:`tally.app.leading`'s; serving the webhooks, :mod:`tally.app.serving`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -44,7 +28,9 @@ from tally.admission.attributes import Attributes
 from tally.admission.config import Configuration, parse_configuration
 from tally.admission.evaluator import QuotaEvaluator
 from tally.app.heap import HeapTrimmer, glibc_malloc_trim
+from tally.app.leading import Leading
 from tally.app.metrics import Metrics
+from tally.app.serving import WebhookServing
 from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
@@ -64,7 +50,6 @@ from tally.kube.charge_verifier import KubeChargeVerifier
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.events import WarningRecorder
 from tally.kube.informers import KubeInformers
-from tally.kube.lease_lock import KubeLeaseLock
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
 from tally.machinery.cache import Change, Store
@@ -87,14 +72,11 @@ from tally.webhook.configuration import (
     QUOTA_WEBHOOK_ID,
 )
 from tally.webhook.podset_scale import ScaledPodSets
-from tally.webhook.registrar import WebhookRegistrar
 from tally.webhook.server import (
-    WebhookServer,
     clusterquota_review,
     podset_review,
     quota_review,
 )
-from tally.webhook.tls import MemorySource, MountedSource, SecretSource, ServingTLS, Source
 
 logger = logging.getLogger(__name__)
 
@@ -170,10 +152,8 @@ class Runtime:
         self.dedicated_api = dedicated_api or api
         self.watch_api = watch_api or self.dedicated_api
         self.identity = identity or leaderelection.default_identity()
-        self._on_leadership_lost = on_leadership_lost
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
-        self.metrics.leading(self.identity, False)
         trim = glibc_malloc_trim() if settings.heap_trim_period else None
         self.heap_trimmer = (
             HeapTrimmer(trim, settings.heap_trim_period, self.metrics.heap_trimmed)
@@ -317,7 +297,7 @@ class Runtime:
             creations_charged=self.creations_charged,
             charges=self.charges,
             on_kind_synced=self._count_kind_synced,
-            may_report=lambda: self.leading,
+            may_report=lambda: self.leadership.leading,
             watch_api=self.watch_api,
         )
         self.metrics.watch_uncounted(
@@ -341,24 +321,30 @@ class Runtime:
             self.informers[PODSETS].store.get,
             podset_client.KubePodSetClient(self.dedicated_api).get_podset,
         )
-        self.tls: ServingTLS | None = None
-        self.registrar: WebhookRegistrar | None = None
-        self.webhook_server: WebhookServer | None = None
-        self.elector: leaderelection.LeaderElector | None = None
-        self._controllers_stopped = False
+        self.serving = WebhookServing(settings, api, self.metrics)
+        self.leadership = Leading(
+            self.identity,
+            self.metrics,
+            controllers=lambda: [
+                *([self.controller] if self.enforces_resource_quotas else []),
+                self.cluster_controller,
+                self.podset_controller,
+            ],
+            all_controllers=[self.podset_controller, self.controller, self.cluster_controller],
+            registrar=lambda: self.serving.registrar,
+            on_begun=self.dynamic.poke,  # Events a follower only logged are posted now
+            on_lost=on_leadership_lost,
+        )
         self.enforces_resource_quotas = True
         """False where the cluster's own quota system is on: ClusterQuotas only (set by the
         start-up probe, before anything starts)."""
-        self.leading = False
-        """Whether the controllers run here. Invariant: they run only while this is True, and
-        with leader election only while the elector holds the lease."""
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
 
     def _admission_rules_current(self) -> bool:
         """Whether the API server sends tally's webhook every kind the quotas name; True without
         a registrar (the webhook is off: nothing to wait for)."""
-        return self.registrar is None or self.registrar.rules_current()
+        return self.serving.rules_current()
 
     def _wire_handlers(self) -> None:
         self.informers[RESOURCE_QUOTAS].add_handler(
@@ -393,8 +379,7 @@ class Runtime:
         the webhook rules follow. Not on a write of usage alone (admission makes many; each
         would have both look through every quota again)."""
         self.dynamic.poke()
-        if self.registrar is not None:
-            self.registrar.quotas_changed()
+        self.serving.quotas_changed()
 
     def _admission_lane(self, namespace: str) -> str:
         """Quota admission's pass for ``namespace``'s requests: its own, or the one shared by
@@ -461,7 +446,7 @@ class Runtime:
             if settings.webhook_enabled:
                 # Before anything starts: a certificate that cannot be had (the Secret refused,
                 # unusable mounted files) fails the start like a failed LIST.
-                await self._load_certificate()
+                await self.serving.load()
         except BaseException:
             # Nothing else runs yet; Kopf retries a failed start in a fresh Runtime, which
             # binds the metrics port again.
@@ -479,30 +464,9 @@ class Runtime:
             "caches synced (%s); admission started",
             ", ".join(f"{gr}={len(i.store)}" for gr, i in self.informers.items()),
         )
-        if self.tls is not None:
-            host = settings.webhook_host or settings.webhook_addr
-            self.registrar = WebhookRegistrar(
-                self.api,
-                name=settings.webhook_config_name,
-                url=f"https://{host}:{settings.webhook_url_port or settings.webhook_port}",
-                service=settings.webhook_service_ref,
-                tls_name=host,
-                ca_pem=self.tls.ca_bundle,
-                listen=(settings.webhook_addr, settings.webhook_port),
-                quotas=self._quota_specs,
-                evaluators=self.registry.list,
-                failure_policy=settings.webhook_failure_policy,
-                core_always=self.enforces_resource_quotas,
-                exempt_namespaces=settings.webhook_exempt_namespaces,
-                watched_namespaces=settings.watched_namespaces,
-            )
-            # On every replica: each serves the webhook and follows the certificate (renewals
-            # are compare-and-swap writes of the Secret). Publishing writes the configuration
-            # only where the registrar registered it, the leader; elsewhere it keeps the
-            # bundle for the day this replica leads.
-            self.tls.start(publish=self.registrar.set_ca_bundle)
+        if settings.webhook_enabled:
             # Every replica serves, from synced caches (the LISTs above are the synced point).
-            self.webhook_server = WebhookServer(
+            await self.serving.start(
                 {
                     QUOTA_WEBHOOK_ID: quota_review(self.admit),
                     PODSET_WEBHOOK_ID: podset_review,
@@ -512,111 +476,11 @@ class Runtime:
                         lambda: self.informers[CLUSTER_QUOTAS].store.in_namespace(""),
                     ),
                 },
-                addr=settings.webhook_addr,
-                port=settings.webhook_port,
-                context=self.tls.context,
-                access_log=logger.isEnabledFor(logging.DEBUG),
-                limits=settings.webhook_limits,
+                quotas=self._quota_specs,
+                evaluators=self.registry.list,
+                core_always=self.enforces_resource_quotas,
             )
-            await self.webhook_server.start()
-        if settings.leader_election:
-            # Controllers start once the lease is held; until then this replica only serves
-            # its webhook (from caches kept current) and waits its turn.
-            self.elector = leaderelection.LeaderElector(
-                KubeLeaseLock(
-                    self.dedicated_api,
-                    settings.lease_namespace,
-                    settings.leader_election_lease,
-                    request_timeout=settings.leader_election_renew_deadline / 2,
-                ),
-                self.identity,
-                settings.election_config,
-                on_started_leading=self._start_leading,
-                on_stopped_leading=self._lost_leadership,
-            )
-            self.elector.start()
-        else:
-            self._start_leading()
-
-    def _start_leading(self) -> None:
-        """Start everything that must run once in the cluster (module docstring)."""
-        self.leading = True
-        if self.enforces_resource_quotas:
-            self.controller.start()
-        self.cluster_controller.start()
-        self.podset_controller.start()
-        if self.registrar is not None:
-            # Registers once Kopf's webhook server (started after the start-up handlers)
-            # answers.
-            self.registrar.start()
-        # Events a follower only logged are posted now.
-        self.dynamic.poke()
-        self.metrics.leading(self.identity, True)
-        logger.info("%s leads: quota controller, PodSet controller and webhook registration "
-                    "started", self.identity)  # fmt: skip
-
-    async def _stop_leading(
-        self,
-        *,
-        grace_period: float | None = None,
-        remove: bool,
-        within: Callable[[], float] | None = None,
-    ) -> None:
-        """Stop what :meth:`_start_leading` started (idempotent; on a follower it only shuts
-        the idle controllers' queues). ``grace_period``: how long in-flight syncs may finish
-        (None: the controllers' defaults; 0: cancel at once). ``remove``: delete the webhook
-        configuration (local development, graceful stop only: after losing the lease it may
-        be the new leader's). ``within``: the time left for both, asked before each."""
-        was_leading, self.leading = self.leading, False
-        if was_leading:
-            self.metrics.leading(self.identity, False)
-            if self.registrar is not None:
-                timeout = within() if within is not None else rest.REQUEST_TIMEOUT_S
-                await self.registrar.stop(remove=remove, within=timeout)
-        if not self._controllers_stopped:
-            self._controllers_stopped = True
-            if within is not None:
-                grace_period = within() if grace_period is None else min(grace_period, within())
-            kwargs = {} if grace_period is None else {"grace_period": grace_period}
-            await asyncio.gather(
-                self.podset_controller.stop(**kwargs),
-                self.controller.stop(**kwargs),
-                self.cluster_controller.stop(**kwargs),
-            )
-
-    async def _lost_leadership(self, reason: str) -> None:
-        # Another replica may take over from now on: no sync may start or go on here.
-        await self._stop_leading(grace_period=0.0, remove=False)
-        logger.critical("%s stopped leading (%s); controllers stopped, exiting", self.identity,
-                        reason)  # fmt: skip
-        if self._on_leadership_lost is not None:
-            self._on_leadership_lost()
-
-    async def _load_certificate(self) -> None:
-        settings = self.settings
-        host = settings.webhook_host or settings.webhook_addr
-        service = settings.webhook_service_ref
-        # With a Service client config the API server checks <svc>.<ns>.svc.
-        tls = ServingTLS(
-            self._certificate_source(),
-            hosts=[host, *(service.dns_names if service is not None else ())],
-            policy=settings.certificate_policy,
-            directory=Path(settings.webhook_cert_dir or tempfile.mkdtemp(prefix="tally-tls-")),
-            client_ca=settings.webhook_client_ca,
-            check_period=settings.webhook_cert_check_period,
-            on_load=self.metrics.webhook_certificate_loaded,
-        )
-        await tls.load()
-        self.tls = tls
-
-    def _certificate_source(self) -> Source:
-        settings = self.settings
-        secret = settings.webhook_cert_secret_ref
-        if secret is not None:
-            return SecretSource(self.api, *secret)
-        if settings.webhook_cert_mount:
-            return MountedSource(Path(settings.webhook_cert_mount))
-        return MemorySource()
+        self.leadership.start(settings, self.dedicated_api)
 
     async def _sync_and_check(self) -> None:
         # The synced point: every kind listed once before any worker reads the caches.
@@ -725,15 +589,11 @@ class Runtime:
             return max(0.0, deadline - loop.time())
 
         # No new review from here; those in progress finish while admission still runs.
-        if self.webhook_server is not None:
-            await self.webhook_server.stop(within=left())
-        if self.tls is not None:
-            await self.tls.stop()
+        await self.serving.stop_serving(within=left())
         # The lease guards the controllers and the registration: release it only once they
         # stopped (client-go ReleaseOnCancel), and keep renewing it meanwhile.
-        await self._stop_leading(remove=self.settings.webhook_remove_on_exit, within=left)
-        if self.elector is not None:
-            await self.elector.stop(release=True, within=left())
+        await self.leadership.end(remove=self.settings.webhook_remove_on_exit, within=left)
+        await self.leadership.release(within=left())
         await self.admission.stop(grace_period=left())
         self.charges.stop()
         await self.charge_verifier.stop()
@@ -760,10 +620,10 @@ class Runtime:
     # -- entry points for the Kopf layer
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        if gr == SECRETS and self.tls is not None:
+        if gr == SECRETS:
             # Before the TALLY_NAMESPACES filter: the certificate Secret lives in tally's own
             # namespace, which tally need not manage.
-            self.tls.secret_event(obj)
+            self.serving.secret_event(obj)
         self.caches.on_event(gr, event_type, obj)
 
     def creations_charged(self, gr: GroupResource, namespace: str) -> bool:
@@ -773,11 +633,7 @@ class Runtime:
         ``TALLY_WEBHOOK_ENABLED=false``, a ``count/`` rule just added, an exempt namespace —
         the quota controller recalculates on every creation, or usage would miss those objects
         until the next full resync and admission would let more in."""
-        return (
-            self.registrar is not None
-            and namespace not in self._exempt
-            and self.registrar.charges_creations(gr)
-        )
+        return namespace not in self._exempt and self.serving.charges_creations(gr)
 
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
