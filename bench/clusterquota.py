@@ -47,18 +47,14 @@ from _common import (
     until,
     write_results,
 )
+from builders import pod  # tests/e2e/builders.py, put on sys.path by _common
 
 LABEL = "bench.tally.dev/team"
-IMAGE = "registry.example/app:1"
 CQ = "bench-team"
 CQ_PATH = "/apis/tally.dev/v1alpha1/clusterquotas"
 TARGET_THROUGHPUT_RATIO = 0.8
 TARGET_CONVERGENCE_S = 5.0
 WAIT_S = 120.0
-
-
-def _pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "a", "image": IMAGE}]}}
 
 
 class Run:
@@ -77,7 +73,7 @@ class Run:
             index = first + offset
             namespace = targets[index % len(targets)]
             await self.raw.call(
-                "POST", f"/api/v1/namespaces/{namespace}/pods", _pod(f"p{index:06d}")
+                "POST", f"/api/v1/namespaces/{namespace}/pods", pod(f"p{index:06d}")
             )
 
         return await closed_loop(count, self.clients, send)

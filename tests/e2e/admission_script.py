@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -31,13 +32,13 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
+import builders
 from tally.quota.quantity import parse_quantity
 
 WEBHOOK_PREFIX: Final = 'admission webhook "quota.tally.dev" denied the request: '
 # `pods "x" is forbidden: …`, `persistentvolumeclaims "x" is forbidden: …`, and for a create
 # with only a generateName `secrets is forbidden: …` (apierrors.NewForbidden with name "").
 FORBIDDEN_PREFIX: Final = re.compile(r'^[a-z0-9.-]+(?: "[^"]*")? is forbidden: ', re.DOTALL)
-IMAGE: Final = "registry.example/app:1"
 NANO: Final = 10**9
 # Upstream's controller fills a new quota within a second or two; generous for a loaded host.
 SETTLE_WITHIN_S: Final = 30.0
@@ -166,52 +167,9 @@ def require(response: Response, what: str) -> Response:
 # -- objects ----------------------------------------------------------------------------------
 
 
-def container(
-    name: str = "app",
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if requests:
-        resources["requests"] = dict(requests)
-    if limits:
-        resources["limits"] = dict(limits)
-    return {"name": name, "image": IMAGE, "resources": resources}
-
-
-def pod(
-    name: str,
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-    *,
-    containers: Sequence[dict[str, Any]] | None = None,
-    init: Sequence[dict[str, Any]] = (),
-    generate: bool = False,
-    **spec: Any,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "containers": list(containers) if containers else [container("app", requests, limits)],
-        **spec,
-    }
-    if init:
-        body["initContainers"] = list(init)
-    metadata = {"generateName": name} if generate else {"name": name}
-    return {"metadata": metadata, "spec": body}
-
-
-def quota_body(
-    name: str,
-    hard: Mapping[str, str],
-    *,
-    scopes: Sequence[str] = (),
-    selector: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"hard": dict(hard)}
-    if scopes:
-        spec["scopes"] = list(scopes)
-    if selector:
-        spec["scopeSelector"] = {"matchExpressions": [dict(e) for e in selector]}
-    return {"metadata": {"name": name}, "spec": spec}
+# The scripts' pods and containers (builders.py) always carry ``resources``, ``{}`` when empty.
+container = functools.partial(builders.container, resources="always")
+pod = functools.partial(builders.pod, container_name="app", resources="always")
 
 
 Body = dict[str, Any] | Callable[[Context], dict[str, Any]]
@@ -350,7 +308,9 @@ def make_quota(
 ) -> Step:
     async def step(ctx: Context) -> Outcome:
         await asyncio.sleep(INFORMER_GRACE_S)
-        body = quota_body(name, hard, scopes=scopes, selector=selector(ctx) if selector else ())
+        body = builders.resource_quota(
+            name, hard, scopes=scopes, scope_selector=selector(ctx) if selector else ()
+        )
         require(await call(ctx, "create", "resourcequotas", body), f"create quota {name}")
         return None
 

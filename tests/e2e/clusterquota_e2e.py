@@ -29,13 +29,13 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+import builders
 from tally_e2e import ControlPlane, RunningOperator, eventually, wait_for_default_service_account
 
 CRD: Final = Path(__file__).resolve().parents[2] / "crds" / "clusterquotas.tally.dev.yaml"
 GROUP: Final = "tally.dev"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "clusterquotas"
-IMAGE: Final = "registry.example/app:1"
 MERGE_PATCH: Final = "application/merge-patch+json"
 DENIED: Final = 'admission webhook "quota.tally.dev" denied the request: '
 """How the API server words a validating webhook's denial; the quota's message follows."""
@@ -96,9 +96,7 @@ class Team:
         # deletes it whether or not the create below succeeded.
         self.namespaces.append(name)
         labels = {"tally.dev/e2e": "true", **({"team": self.id} if member else {})}
-        await self.core.create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
-        )
+        await self.core.create_namespace(builders.namespace(name, labels=labels))
         await wait_for_default_service_account(self.api, name)
         return name
 
@@ -112,17 +110,14 @@ class Team:
         """A ClusterQuota selecting the team's members (``spec`` may override the selector)."""
         name = f"cq-{self.id}-{len(self.quotas)}"
         self.quotas.append(name)
-        quota: dict[str, Any] = {"hard": dict(hard), **({"scopes": list(scopes)} if scopes else {})}
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ClusterQuota",
-            "metadata": {"name": name},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"team": self.id}},
-                "quota": quota,
-                **spec,
-            },
-        }
+        body = builders.cluster_quota(
+            name,
+            hard,
+            selector={"matchLabels": {"team": self.id}},
+            quota={"scopes": list(scopes)} if scopes else None,
+            spec=spec,
+            with_kind=True,
+        )
         await self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
         return name
 
@@ -140,11 +135,7 @@ class Team:
     async def resource_quota(self, namespace: str, name: str, hard: Mapping[str, str]) -> None:
         """A ResourceQuota (deleted with its namespace)."""
         await self.core.create_namespaced_resource_quota(
-            namespace,
-            client.V1ResourceQuota(
-                metadata=client.V1ObjectMeta(name=name),
-                spec=client.V1ResourceQuotaSpec(hard=dict(hard)),
-            ),
+            namespace, builders.resource_quota(name, hard)
         )
 
     async def resource_quota_used(self, namespace: str, name: str) -> Used:
@@ -159,16 +150,8 @@ class Team:
         limits: Mapping[str, str] | None = None,
     ) -> None:
         requests = None if cpu is None else {"cpu": cpu}
-        resources = client.V1ResourceRequirements(
-            requests=requests, limits=None if limits is None else dict(limits)
-        )
-        container = client.V1Container(name="a", image=IMAGE, resources=resources)
         await self.core.create_namespaced_pod(
-            namespace,
-            client.V1Pod(
-                metadata=client.V1ObjectMeta(name=name),
-                spec=client.V1PodSpec(containers=[container]),
-            ),
+            namespace, builders.pod(name, requests, limits, resources="always")
         )
 
     async def attempt(self, create: Create) -> str | None:

@@ -17,15 +17,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Container,
+    Iterable,
+    Mapping,
+)
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client
 
+import builders
+from builders import pod, resource_quota
 from tally_e2e import eventually, set_pod_status, wait_for_root_ca_configmap
 
 IMAGE = "registry.example/app:1"
@@ -86,34 +96,8 @@ def resources(
     return result
 
 
-def container(
-    name: str,
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-    *,
-    sidecar: bool = False,
-) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "name": name,
-        "image": IMAGE,
-        "resources": resources(requests, limits),
-    }
-    if sidecar:
-        result["restartPolicy"] = "Always"
-    return result
-
-
-def pod(
-    name: str,
-    containers: Sequence[dict[str, Any]],
-    *,
-    init: Sequence[dict[str, Any]] = (),
-    **spec: Any,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"containers": list(containers), **spec}
-    if init:
-        body["initContainers"] = list(init)
-    return {"metadata": {"name": name}, "spec": body}
+# Every container here carries ``resources``, ``{}`` when empty (builders.py).
+container = functools.partial(builders.container, resources="always")
 
 
 def affinity_term(**extra: Any) -> dict[str, Any]:
@@ -198,19 +182,9 @@ def describe(quota: Mapping[str, Any]) -> str:
     return f"{quota['metadata']['name']} (scopes={scopes}, scopeSelector={selector})"
 
 
-def quota(
-    name: str,
-    names: Sequence[str],
-    *,
-    scopes: Sequence[str] = (),
-    selector: Sequence[dict[str, Any]] = (),
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"hard": dict.fromkeys(names, LARGE)}
-    if scopes:
-        spec["scopes"] = list(scopes)
-    if selector:
-        spec["scopeSelector"] = {"matchExpressions": list(selector)}
-    return {"metadata": {"name": name}, "spec": spec}
+def large(names: Iterable[str]) -> dict[str, str]:
+    """A quota's ``hard`` naming each of ``names`` at ``LARGE``: it counts, never refuses."""
+    return dict.fromkeys(names, LARGE)
 
 
 def priority(operator: str, *values: str) -> dict[str, Any]:
@@ -277,87 +251,205 @@ async def cluster_objects(api: client.ApiClient) -> AsyncIterator[ClusterNames]:
 def varied_pods(names: ClusterNames) -> list[dict[str, Any]]:
     """Pods exercising every part of the pod usage formula and every pod scope."""
     return [
-        pod("plain", [
-            container("a", {"cpu": "250m", "memory": "64Mi", "ephemeral-storage": "1Gi"},
-                      {"cpu": "500m", "memory": "128Mi", "ephemeral-storage": "2Gi"}),
-            container("b", {"cpu": "100m", "memory": "32M"}),
-        ]),
+        pod(
+            "plain",
+            containers=[
+                container(
+                    "a",
+                    {"cpu": "250m", "memory": "64Mi", "ephemeral-storage": "1Gi"},
+                    {"cpu": "500m", "memory": "128Mi", "ephemeral-storage": "2Gi"},
+                ),
+                container("b", {"cpu": "100m", "memory": "32M"}),
+            ],
+        ),
         # API defaulting copies the limits into the missing requests: Guaranteed.
-        pod("limits-only", [container("a", limits={"cpu": "300m", "memory": "100Mi"})]),
+        pod("limits-only", containers=[container("a", limits={"cpu": "300m", "memory": "100Mi"})]),
         # Init containers larger than the containers: the largest init container wins.
-        pod("init-larger", [container("a", {"cpu": "100m", "memory": "64Mi"}, {"cpu": "200m"})],
-            init=[container("i1", {"cpu": "1", "memory": "32Mi"}, {"cpu": "1"}),
-                  container("i2", {"cpu": "200m", "memory": "512Mi"}, {"memory": "1Gi"})]),
+        pod(
+            "init-larger",
+            containers=[container("a", {"cpu": "100m", "memory": "64Mi"}, {"cpu": "200m"})],
+            init=[
+                container("i1", {"cpu": "1", "memory": "32Mi"}, {"cpu": "1"}),
+                container("i2", {"cpu": "200m", "memory": "512Mi"}, {"memory": "1Gi"}),
+            ],
+        ),
         # Sidecars: s1 runs during i1 (700m), s1+s2+a run together (550m cpu, 310Mi memory).
-        pod("sidecars", [container("a", {"cpu": "300m", "memory": "200Mi"},
-                                   {"cpu": "300m", "memory": "300Mi"})],
-            init=[container("s1", {"cpu": "200m", "memory": "100Mi"}, {"cpu": "400m"},
-                            sidecar=True),
-                  container("i1", {"cpu": "500m", "memory": "50Mi"}),
-                  container("s2", {"cpu": "50m", "memory": "10Mi", "ephemeral-storage": "100Mi"},
-                            sidecar=True)]),
+        pod(
+            "sidecars",
+            containers=[
+                container(
+                    "a", {"cpu": "300m", "memory": "200Mi"}, {"cpu": "300m", "memory": "300Mi"}
+                )
+            ],
+            init=[
+                container(
+                    "s1",
+                    {"cpu": "200m", "memory": "100Mi"},
+                    {"cpu": "400m"},
+                    restart_policy="Always",
+                ),
+                container("i1", {"cpu": "500m", "memory": "50Mi"}),
+                container(
+                    "s2",
+                    {"cpu": "50m", "memory": "10Mi", "ephemeral-storage": "100Mi"},
+                    restart_policy="Always",
+                ),
+            ],
+        ),
         # Pod-level resources replace cpu and memory; ephemeral-storage stays per container.
-        pod("pod-level", [container("a", {"cpu": "100m", "memory": "64Mi",
-                                          "ephemeral-storage": "500Mi"}),
-                          container("b")],
-            resources=resources({"cpu": "500m", "memory": "256Mi"},
-                                {"cpu": "1", "memory": "512Mi"})),
+        pod(
+            "pod-level",
+            containers=[
+                container("a", {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "500Mi"}),
+                container("b"),
+            ],
+            spec={
+                "resources": resources(
+                    {"cpu": "500m", "memory": "256Mi"}, {"cpu": "1", "memory": "512Mi"}
+                )
+            },
+        ),
         # Pod-level hugepages, plus the RuntimeClass overhead on top.
-        pod("pod-level-hugepages-overhead",
-            [container("a", {"cpu": "100m", "hugepages-2Mi": "2Mi"}, {"hugepages-2Mi": "2Mi"})],
-            resources=resources({"cpu": "300m", "memory": "128Mi", "hugepages-2Mi": "8Mi"},
-                                {"cpu": "300m", "memory": "128Mi", "hugepages-2Mi": "8Mi"}),
-            runtimeClassName=names.runtime_class),
+        pod(
+            "pod-level-hugepages-overhead",
+            containers=[
+                container("a", {"cpu": "100m", "hugepages-2Mi": "2Mi"}, {"hugepages-2Mi": "2Mi"})
+            ],
+            spec={
+                "resources": resources(
+                    {"cpu": "300m", "memory": "128Mi", "hugepages-2Mi": "8Mi"},
+                    {"cpu": "300m", "memory": "128Mi", "hugepages-2Mi": "8Mi"},
+                ),
+                "runtimeClassName": names.runtime_class,
+            },
+        ),
         # Overhead is added to every request, but only to limits that are set (cpu, not memory).
-        pod("overhead", [container("a", {"cpu": "100m", "memory": "64Mi"}, {"cpu": "200m"})],
-            runtimeClassName=names.runtime_class),
-        pod("hugepages-dongle", [
-            container("a", {"cpu": "100m", "memory": "10Mi", "hugepages-2Mi": "4Mi",
-                            "example.com/dongle": "2"},
-                      {"memory": "10Mi", "hugepages-2Mi": "4Mi", "example.com/dongle": "2"}),
-            container("b", {"memory": "1G", "example.com/dongle": "1"},
-                      {"example.com/dongle": "1"}),
-        ]),
-        pod("best-effort", [container("a"), container("b")]),
+        pod(
+            "overhead",
+            containers=[container("a", {"cpu": "100m", "memory": "64Mi"}, {"cpu": "200m"})],
+            spec={"runtimeClassName": names.runtime_class},
+        ),
+        pod(
+            "hugepages-dongle",
+            containers=[
+                container(
+                    "a",
+                    {
+                        "cpu": "100m",
+                        "memory": "10Mi",
+                        "hugepages-2Mi": "4Mi",
+                        "example.com/dongle": "2",
+                    },
+                    {"memory": "10Mi", "hugepages-2Mi": "4Mi", "example.com/dongle": "2"},
+                ),
+                container(
+                    "b", {"memory": "1G", "example.com/dongle": "1"}, {"example.com/dongle": "1"}
+                ),
+            ],
+        ),
+        pod("best-effort", containers=[container("a"), container("b")]),
         # Only cpu and memory decide QoS: still BestEffort.
-        pod("best-effort-dongle", [container("a", {"example.com/dongle": "1"},
-                                             {"example.com/dongle": "1"})]),
-        pod("best-effort-ephemeral", [container("a", {"ephemeral-storage": "3Gi"})]),
-        pod("terminating", [container("a", {"cpu": "100m", "memory": "50Mi"})],
-            activeDeadlineSeconds=600),
-        pod("terminating-best-effort", [container("a")], activeDeadlineSeconds=60),
-        pod("high", [container("a", {"cpu": "100m", "memory": "100Mi"},
-                               {"cpu": "100m", "memory": "100Mi"})],
-            priorityClassName=names.high),
-        pod("high-best-effort", [container("a")], priorityClassName=names.high),
-        pod("low-terminating", [container("a", {"cpu": "50m"})],
-            priorityClassName=names.low, activeDeadlineSeconds=30),
-        pod("affinity-namespaces", [container("a", {"cpu": "10m", "memory": "1Mi"})],
-            affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                affinity_term(namespaces=["elsewhere"])]}}),
-        pod("anti-affinity-selector", [container("a")], priorityClassName=names.high,
-            affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 10, "podAffinityTerm": affinity_term(namespaceSelector={})}]}}),
+        pod(
+            "best-effort-dongle",
+            containers=[container("a", {"example.com/dongle": "1"}, {"example.com/dongle": "1"})],
+        ),
+        pod("best-effort-ephemeral", containers=[container("a", {"ephemeral-storage": "3Gi"})]),
+        pod(
+            "terminating",
+            containers=[container("a", {"cpu": "100m", "memory": "50Mi"})],
+            active_deadline_seconds=600,
+        ),
+        pod("terminating-best-effort", containers=[container("a")], active_deadline_seconds=60),
+        pod(
+            "high",
+            containers=[
+                container(
+                    "a", {"cpu": "100m", "memory": "100Mi"}, {"cpu": "100m", "memory": "100Mi"}
+                )
+            ],
+            priority_class_name=names.high,
+        ),
+        pod("high-best-effort", containers=[container("a")], priority_class_name=names.high),
+        pod(
+            "low-terminating",
+            containers=[container("a", {"cpu": "50m"})],
+            priority_class_name=names.low,
+            active_deadline_seconds=30,
+        ),
+        pod(
+            "affinity-namespaces",
+            containers=[container("a", {"cpu": "10m", "memory": "1Mi"})],
+            spec={
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            affinity_term(namespaces=["elsewhere"])
+                        ]
+                    }
+                }
+            },
+        ),
+        pod(
+            "anti-affinity-selector",
+            containers=[container("a")],
+            priority_class_name=names.high,
+            spec={
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 10, "podAffinityTerm": affinity_term(namespaceSelector={})}
+                        ]
+                    }
+                }
+            },
+        ),
         # Same-namespace affinity: not CrossNamespacePodAffinity.
-        pod("affinity-local", [container("a", {"cpu": "20m"})],
-            affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                affinity_term()]}}),
+        pod(
+            "affinity-local",
+            containers=[container("a", {"cpu": "20m"})],
+            spec={
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [affinity_term()]
+                    }
+                }
+            },
+        ),
         # Terminal phases (status written below): only count/pods is charged.
-        pod("succeeded", [container("a", {"cpu": "1", "memory": "1Gi"})]),
-        pod("failed", [container("a", {"cpu": "2"}, {"cpu": "2"})], priorityClassName=names.low),
+        pod("succeeded", containers=[container("a", {"cpu": "1", "memory": "1Gi"})]),
+        pod(
+            "failed",
+            containers=[container("a", {"cpu": "2"}, {"cpu": "2"})],
+            priority_class_name=names.low,
+        ),
         # Deleted while held by a finalizer: past its grace period (0 for an unscheduled pod).
-        pod("deleted", [container("a", {"cpu": "3", "memory": "3Gi"})],
-            activeDeadlineSeconds=100),
+        pod(
+            "deleted",
+            containers=[container("a", {"cpu": "3", "memory": "3Gi"})],
+            active_deadline_seconds=100,
+        ),
         # Bound to a node, so deleted with the default 30 s grace: still counts meanwhile.
-        pod("deleting", [container("a", {"cpu": "400m", "memory": "400Mi"})],
-            nodeName=names.node, priorityClassName=names.high),
+        pod(
+            "deleting",
+            containers=[container("a", {"cpu": "400m", "memory": "400Mi"})],
+            node_name=names.node,
+            priority_class_name=names.high,
+        ),
         # In-place resize: status values above the spec count (status written below).
-        pod("resized", [container("a", {"cpu": "100m", "memory": "64Mi"},
-                                  {"cpu": "200m", "memory": "64Mi"})]),
+        pod(
+            "resized",
+            containers=[
+                container("a", {"cpu": "100m", "memory": "64Mi"}, {"cpu": "200m", "memory": "64Mi"})
+            ],
+        ),
         # A resize marked Infeasible: the actual and allocated values, not the spec.
-        pod("resize-infeasible", [container("a", {"cpu": "2", "memory": "2Gi"},
-                                            {"cpu": "2", "memory": "2Gi"})]),
-    ]  # fmt: skip
+        pod(
+            "resize-infeasible",
+            containers=[
+                container("a", {"cpu": "2", "memory": "2Gi"}, {"cpu": "2", "memory": "2Gi"})
+            ],
+        ),
+    ]
 
 
 def container_status(name: str, **extra: Any) -> dict[str, Any]:
@@ -383,28 +475,55 @@ async def patch_pod_status(
 def pod_quotas(names: ClusterNames) -> list[dict[str, Any]]:
     """A quota per pod scope and operator, a few combinations, and an unscoped one."""
     return [
-        quota("all", COMPUTE_NAMES),
-        quota("untracked", ["pods", *sorted(UNTRACKED_NAMES)]),
-        quota("terminating", SCOPED_NAMES, scopes=["Terminating"]),
-        quota("not-terminating", SCOPED_NAMES, scopes=["NotTerminating"]),
-        quota("best-effort", BEST_EFFORT_NAMES, scopes=["BestEffort"]),
-        quota("not-best-effort", SCOPED_NAMES, scopes=["NotBestEffort"]),
-        quota("priority-in", SCOPED_NAMES, selector=[priority("In", names.high)]),
-        quota("priority-in-both", SCOPED_NAMES,
-              selector=[priority("In", names.high, names.low)]),
-        quota("priority-not-in", SCOPED_NAMES, selector=[priority("NotIn", names.high)]),
-        quota("priority-exists", SCOPED_NAMES, selector=[priority("Exists")]),
-        quota("priority-does-not-exist", SCOPED_NAMES, selector=[priority("DoesNotExist")]),
-        quota("cross-namespace", SCOPED_NAMES, scopes=["CrossNamespacePodAffinity"]),
-        quota("cross-namespace-selector", SCOPED_NAMES,
-              selector=[exists("CrossNamespacePodAffinity")]),
-        quota("terminating-low", SCOPED_NAMES,
-              selector=[exists("Terminating"), priority("In", names.low)]),
-        quota("not-best-effort-not-low", SCOPED_NAMES, scopes=["NotBestEffort"],
-              selector=[priority("NotIn", names.low)]),
-        quota("best-effort-high", BEST_EFFORT_NAMES,
-              scopes=["BestEffort"], selector=[priority("In", names.high)]),
-    ]  # fmt: skip
+        resource_quota("all", large(COMPUTE_NAMES)),
+        resource_quota("untracked", large(["pods", *sorted(UNTRACKED_NAMES)])),
+        resource_quota("terminating", large(SCOPED_NAMES), scopes=["Terminating"]),
+        resource_quota("not-terminating", large(SCOPED_NAMES), scopes=["NotTerminating"]),
+        resource_quota("best-effort", large(BEST_EFFORT_NAMES), scopes=["BestEffort"]),
+        resource_quota("not-best-effort", large(SCOPED_NAMES), scopes=["NotBestEffort"]),
+        resource_quota(
+            "priority-in", large(SCOPED_NAMES), scope_selector=[priority("In", names.high)]
+        ),
+        resource_quota(
+            "priority-in-both",
+            large(SCOPED_NAMES),
+            scope_selector=[priority("In", names.high, names.low)],
+        ),
+        resource_quota(
+            "priority-not-in", large(SCOPED_NAMES), scope_selector=[priority("NotIn", names.high)]
+        ),
+        resource_quota("priority-exists", large(SCOPED_NAMES), scope_selector=[priority("Exists")]),
+        resource_quota(
+            "priority-does-not-exist",
+            large(SCOPED_NAMES),
+            scope_selector=[priority("DoesNotExist")],
+        ),
+        resource_quota(
+            "cross-namespace", large(SCOPED_NAMES), scopes=["CrossNamespacePodAffinity"]
+        ),
+        resource_quota(
+            "cross-namespace-selector",
+            large(SCOPED_NAMES),
+            scope_selector=[exists("CrossNamespacePodAffinity")],
+        ),
+        resource_quota(
+            "terminating-low",
+            large(SCOPED_NAMES),
+            scope_selector=[exists("Terminating"), priority("In", names.low)],
+        ),
+        resource_quota(
+            "not-best-effort-not-low",
+            large(SCOPED_NAMES),
+            scopes=["NotBestEffort"],
+            scope_selector=[priority("NotIn", names.low)],
+        ),
+        resource_quota(
+            "best-effort-high",
+            large(BEST_EFFORT_NAMES),
+            scopes=["BestEffort"],
+            scope_selector=[priority("In", names.high)],
+        ),
+    ]
 
 
 PAST_DELETION_S = 1.1
@@ -566,27 +685,59 @@ def object_quotas() -> list[dict[str, Any]]:
         return expression
 
     return [
-        quota("services", ["services", "count/services", "services.nodeports",
-                           "services.loadbalancers"]),
-        quota("storage", [*storage, *per_class("gold", "silver", "bronze")]),
-        quota("attributes-in", [*storage, *per_class("gold")],
-              selector=[attributes("In", "fast")]),
-        quota("attributes-not-in", [*storage, *per_class("gold")],
-              selector=[attributes("NotIn", "fast")]),
-        quota("attributes-exists", storage, selector=[attributes("Exists")]),
-        quota("attributes-does-not-exist", storage, selector=[attributes("DoesNotExist")]),
-        quota("objects", ["configmaps", "count/configmaps", "secrets", "count/secrets",
-                          "count/roles.rbac.authorization.k8s.io"]),
-        quota("everything", ["services", "services.nodeports", "persistentvolumeclaims",
-                             "requests.storage", "configmaps", "secrets", "pods",
-                             "requests.cpu"]),
-    ]  # fmt: skip
+        resource_quota(
+            "services",
+            large(["services", "count/services", "services.nodeports", "services.loadbalancers"]),
+        ),
+        resource_quota("storage", large([*storage, *per_class("gold", "silver", "bronze")])),
+        resource_quota(
+            "attributes-in",
+            large([*storage, *per_class("gold")]),
+            scope_selector=[attributes("In", "fast")],
+        ),
+        resource_quota(
+            "attributes-not-in",
+            large([*storage, *per_class("gold")]),
+            scope_selector=[attributes("NotIn", "fast")],
+        ),
+        resource_quota("attributes-exists", large(storage), scope_selector=[attributes("Exists")]),
+        resource_quota(
+            "attributes-does-not-exist", large(storage), scope_selector=[attributes("DoesNotExist")]
+        ),
+        resource_quota(
+            "objects",
+            large(
+                [
+                    "configmaps",
+                    "count/configmaps",
+                    "secrets",
+                    "count/secrets",
+                    "count/roles.rbac.authorization.k8s.io",
+                ]
+            ),
+        ),
+        resource_quota(
+            "everything",
+            large(
+                [
+                    "services",
+                    "services.nodeports",
+                    "persistentvolumeclaims",
+                    "requests.storage",
+                    "configmaps",
+                    "secrets",
+                    "pods",
+                    "requests.cpu",
+                ]
+            ),
+        ),
+    ]
 
 
 def quota_count_quota() -> dict[str, Any]:
     """A quota counting quotas: create it last, since it charges every quota created after it
     (and upstream refuses those while its status is unknown)."""
-    return quota("quotas", ["resourcequotas", "count/resourcequotas"])
+    return resource_quota("quotas", large(["resourcequotas", "count/resourcequotas"]))
 
 
 async def free_node_ports(api: client.ApiClient, count: int) -> list[int]:
@@ -641,6 +792,6 @@ async def create_objects(
         await core.create_namespaced_secret(namespace, as_json(body))
     for body in filter(wanted, [{"metadata": {"name": "reader"}, "rules": []}]):
         await client.RbacAuthorizationV1Api(api).create_namespaced_role(namespace, as_json(body))
-    for body in filter(wanted, [pod("p", [container("a", {"cpu": "10m"})])]):
+    for body in filter(wanted, [pod("p", containers=[container("a", {"cpu": "10m"})])]):
         await core.create_namespaced_pod(namespace, as_json(body))
     await wait_for_root_ca_configmap(api, namespace)

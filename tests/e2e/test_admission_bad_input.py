@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import ssl
 import urllib.request
@@ -33,12 +34,12 @@ import pytest
 from forged_reviews import review
 from kubernetes_asyncio import client
 
+from builders import pod, resource_quota
 from tally_e2e import RunningOperator, eventually, wait_for_default_service_account
 
 WEBHOOK_CONFIGURATION = "tally.dev"
 QUOTA_WEBHOOK = "quota.tally.dev"
 DENIED = f'admission webhook "{QUOTA_WEBHOOK}" denied the request: '
-IMAGE = "registry.example/app:1"
 TOO_LARGE_FOR_TALLY = "1e64"
 """The smallest magnitude ``tally.quota.quantity`` refuses (``MAX_DECIMAL_EXPONENT``); upstream's
 ``resource.ParseQuantity`` accepts it, and so does the API server's validation."""
@@ -119,14 +120,7 @@ def _review(
     )  # fmt: skip
 
 
-def _pod(name: str, *, cpu: str = "100m") -> dict[str, Any]:
-    container = {"name": "a", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container]},
-    }
+_pod = functools.partial(pod, requests={"cpu": "100m"}, with_kind=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,9 +146,7 @@ async def _quota(
     api: client.ApiClient, namespace: str, hard: dict[str, str], *, name: str = "q"
 ) -> None:
     core = client.CoreV1Api(api)
-    await core.create_namespaced_resource_quota(
-        namespace, {"metadata": {"name": name}, "spec": {"hard": hard}}
-    )
+    await core.create_namespaced_resource_quota(namespace, resource_quota(name, hard))
 
     async def status() -> dict[str, Any]:
         quota = await core.read_namespaced_resource_quota(name, namespace)
@@ -271,9 +263,7 @@ async def test_review_for_a_resource_kopf_does_not_know_is_judged_like_any_objec
     # admission refuses with upstream's "status unknown" (never a silent allow).
     core = client.CoreV1Api(api)
     name = "count/widgets.nowhere.tally.dev"
-    await core.create_namespaced_resource_quota(
-        namespace, {"metadata": {"name": "q"}, "spec": {"hard": {name: "5"}}}
-    )
+    await core.create_namespaced_resource_quota(namespace, resource_quota("q", {name: "5"}))
 
     async def hard() -> dict[str, Any]:
         quota = await core.read_namespaced_resource_quota("q", namespace)
@@ -383,15 +373,15 @@ async def test_review_with_an_unparseable_quantity_is_refused_not_allowed(
     # must be refused with a message naming the value.
     await _quota(api, namespace, {"requests.cpu": "1"})
     webhook = await _webhook(api, operator)
-    answer = await webhook.review(_review(namespace, _pod("p", cpu="abc")))
+    answer = await webhook.review(_review(namespace, _pod("p", requests={"cpu": "abc"})))
     assert answer["allowed"] is False, answer
     assert answer["status"]["code"] == 500, answer  # upstream's code for evaluation errors
     assert "cannot parse quantity 'abc'" in answer["status"]["message"], answer
     # A request the same quota allows is still allowed: the cache holds a valid quota.
-    answer = await webhook.review(_review(namespace, _pod("q", cpu="500m")))
+    answer = await webhook.review(_review(namespace, _pod("q", requests={"cpu": "500m"})))
     assert answer["allowed"] is True, answer
     # ... and one it denies is denied with upstream's words.
-    answer = await webhook.review(_review(namespace, _pod("r", cpu="2")))
+    answer = await webhook.review(_review(namespace, _pod("r", requests={"cpu": "2"})))
     assert answer["allowed"] is False, answer
     assert answer["status"]["code"] == 403, answer
     assert answer["status"]["message"].startswith("exceeded quota: q, requested: requests.cpu=2")

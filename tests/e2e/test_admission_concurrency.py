@@ -37,11 +37,11 @@ from admission_script import (
     Response,
     call,
     pod,
-    quota_body,
     require,
 )
 from kubernetes_asyncio import client
 
+from builders import resource_quota
 from tally.quota.quantity import parse_quantity
 from tally_e2e import RunningOperator, eventually, wait_for_default_service_account
 
@@ -101,7 +101,7 @@ def pods(
     **spec: Any,
 ) -> list[Req]:
     return [
-        Req(group, ns, "pods", pod(f"{group}-{i}", requests, limits, **spec), dry_run=dry_run)
+        Req(group, ns, "pods", pod(f"{group}-{i}", requests, limits, spec=spec), dry_run=dry_run)
         for i in range(count)
     ]
 
@@ -126,8 +126,15 @@ def pvcs(group: str, count: int, size: str, *, storage_class: str = "", ns: int 
     return named(group, count, "persistentvolumeclaims", ns=ns, spec=spec)
 
 
-def q(name: str, hard: Mapping[str, str], ns: int = 0, **kwargs: Any) -> tuple[int, dict[str, Any]]:
-    return ns, quota_body(name, hard, **kwargs)
+def q(
+    name: str,
+    hard: Mapping[str, str],
+    ns: int = 0,
+    *,
+    scopes: Sequence[str] = (),
+    selector: Sequence[Mapping[str, Any]] = (),
+) -> tuple[int, dict[str, Any]]:
+    return ns, resource_quota(name, hard, scopes=scopes, scope_selector=selector)
 
 
 def milli(value: int) -> str:
@@ -381,7 +388,7 @@ def _filled(quota: Mapping[str, Any]) -> bool:
     )
 
 
-async def _quota(ctx: Context, name: str) -> dict[str, Any]:
+async def _read_quota(ctx: Context, name: str) -> dict[str, Any]:
     return require(await call(ctx, "read", "resourcequotas", name), f"read {name}").body
 
 
@@ -457,7 +464,7 @@ async def _run_shape(
     for ns, body in quotas:
         quota_name: str = body["metadata"]["name"]
         await eventually(
-            functools.partial(_quota, contexts[ns], quota_name),
+            functools.partial(_read_quota, contexts[ns], quota_name),
             until=_filled,
             within=SETTLE_WITHIN_S,
             what=f"status of quota {quota_name}",
@@ -512,7 +519,7 @@ async def _run_shape(
     async def used_now() -> dict[tuple[int, str], dict[str, int]]:
         result: dict[tuple[int, str], dict[str, int]] = {}
         for key in expected:
-            status = (await _quota(contexts[key[0]], key[1])).get("status") or {}
+            status = (await _read_quota(contexts[key[0]], key[1])).get("status") or {}
             result[key] = _numeric(status.get("used") or {})
         return result
 
@@ -534,7 +541,7 @@ async def _run_shape(
     if settled is not None:
         raise settled
     for ns, body in quotas:
-        quota = await _quota(contexts[ns], body["metadata"]["name"])
+        quota = await _read_quota(contexts[ns], body["metadata"]["name"])
         hard, used = _numeric(quota["status"]["hard"]), _numeric(quota["status"]["used"])
         assert all(used[name] <= hard[name] for name in hard), quota["status"]
 

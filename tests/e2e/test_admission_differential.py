@@ -39,6 +39,7 @@ configuration file on the API server in reference mode, which the shared fixture
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
@@ -69,6 +70,7 @@ from admission_script import (
 )
 from kubernetes_asyncio import client
 
+import builders
 from tally_e2e import RunningOperator
 
 STORAGE_CLASS: Final = "tally-diff-expandable"
@@ -76,28 +78,10 @@ ROOT_CA: Final = "kube-root-ca.crt"
 MIN_REQUESTS: Final = 30
 
 
-def config_map(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "data": {"k": "v"}}
-
-
-def secret(name: str, *, generate: bool = False) -> dict[str, Any]:
-    metadata = {"generateName": name} if generate else {"name": name}
-    return {"metadata": metadata, "stringData": {"k": "v"}}
-
-
-def service(name: str, kind: str = "ClusterIP") -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"type": kind, "ports": [{"port": 80}]}}
-
-
-def pvc(name: str, size: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": STORAGE_CLASS,
-            "resources": {"requests": {"storage": size}},
-        },
-    }
+config_map = functools.partial(builders.config_map, data={"k": "v"})
+secret = functools.partial(builders.secret, string_data={"k": "v"})
+service = functools.partial(builders.service, ports=[{"port": 80}])
+pvc = functools.partial(builders.pvc, access_modes=["ReadWriteOnce"], storage_class=STORAGE_CLASS)
 
 
 def storage(size: str) -> dict[str, Any]:
@@ -106,7 +90,7 @@ def storage(size: str) -> dict[str, Any]:
 
 def priority_pod(name: str, suffix: str) -> Callable[[Context], dict[str, Any]]:
     def body(ctx: Context) -> dict[str, Any]:
-        return pod(name, priorityClassName=ctx.cluster_name(suffix))
+        return pod(name, priority_class_name=ctx.cluster_name(suffix))
 
     return body
 
@@ -389,7 +373,7 @@ def build_script() -> Script:
     step("J quotas 2", make_quota("not-terminating", {"pods": "20"}, scopes=["NotTerminating"]))
     step("J settle", settle("terminating", "not-terminating", used={
         "terminating": {"pods": "0"}, "not-terminating": {"pods": "8"}}))  # fmt: skip
-    step("J term: t-1 with a deadline", create("pods", pod("t-1", activeDeadlineSeconds=600)))
+    step("J term: t-1 with a deadline", create("pods", pod("t-1", active_deadline_seconds=600)))
     deadline = {"spec": {"activeDeadlineSeconds": 300}}
     step("J term: pn-1 gets a deadline, terminating full", patch("pods", "pn-1", deadline))
     step("J raise terminating", set_hard("terminating", {"pods": "2"}))
@@ -401,7 +385,7 @@ def build_script() -> Script:
     step("J term: t-1 shorter deadline (same scope)",
          patch("pods", "t-1", {"spec": {"activeDeadlineSeconds": 100}}))  # fmt: skip
     step("J term: t-2 over terminating",
-         create("pods", pod("t-2", activeDeadlineSeconds=60)))  # fmt: skip
+         create("pods", pod("t-2", active_deadline_seconds=60)))  # fmt: skip
     step("J teardown", delete("resourcequotas", "terminating", "not-terminating"))
 
     # K: status unknown. The controllers ignore status-only updates, so a status written with

@@ -34,6 +34,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+import builders
 from tally.quota.quantity import parse_quantity
 from tally_e2e import RunningOperator, eventually, set_pod_status
 
@@ -89,16 +90,13 @@ class Side:
         selector: Sequence[Mapping[str, Any]] = (),
         wait: bool = True,
     ) -> None:
-        spec: dict[str, Any] = {
-            "hard": dict(hard) if isinstance(hard, Mapping) else dict.fromkeys(hard, LARGE)
-        }
-        if scopes:
-            spec["scopes"] = list(scopes)
-        if selector:
-            spec["scopeSelector"] = {"matchExpressions": [dict(e) for e in selector]}
-        await self.core.create_namespaced_resource_quota(
-            self.namespace, {"metadata": {"name": name}, "spec": spec}
+        body = builders.resource_quota(
+            name,
+            dict(hard) if isinstance(hard, Mapping) else dict.fromkeys(hard, LARGE),
+            scopes=scopes,
+            scope_selector=selector,
         )
+        await self.core.create_namespaced_resource_quota(self.namespace, body)
         if wait:
             await self.filled(name)
 
@@ -168,22 +166,16 @@ class Side:
         hold: bool = False,
         **spec: Any,
     ) -> None:
-        resources: dict[str, Any] = {}
-        if requests:
-            resources["requests"] = dict(requests)
-        if limits:
-            resources["limits"] = dict(limits)
-        metadata: dict[str, Any] = {"name": name}
         if hold:
-            metadata["finalizers"] = [HOLD_FINALIZER]
             self.held.append(name)
-        body = {
-            "metadata": metadata,
-            "spec": {
-                "containers": [{"name": "a", "image": IMAGE, "resources": resources}],
-                **spec,
-            },
-        }
+        body = builders.pod(
+            name,
+            requests or None,
+            limits or None,
+            resources="always",
+            finalizers=[HOLD_FINALIZER] if hold else None,
+            spec=spec,
+        )
         await self.core.create_namespaced_pod(self.namespace, body)
 
     async def delete_pod(self, name: str) -> None:

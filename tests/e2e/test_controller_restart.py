@@ -41,6 +41,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client, config
 from operator_process import TallyProcess
 
+import builders
 import cluster
 from tally.quota.quantity import parse_quantity
 from tally_e2e import eventually, set_pod_status, wait_for_default_service_account
@@ -265,16 +266,14 @@ class Steps:
         self.core = client.CoreV1Api(api)
 
     async def pod(self, name: str, cpu: str, **spec: Any) -> None:
-        container = {"name": "a", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}
         await self.core.create_namespaced_pod(
-            self.namespace,
-            {"metadata": {"name": name}, "spec": {"containers": [container], **spec}},
+            self.namespace, builders.pod(name, {"cpu": cpu}, spec=spec)
         )
 
     async def quota(self, name: str, names: list[str], **spec: Any) -> None:
         await self.core.create_namespaced_resource_quota(
             self.namespace,
-            {"metadata": {"name": name}, "spec": {"hard": dict.fromkeys(names, LARGE), **spec}},
+            builders.resource_quota(name, dict.fromkeys(names, LARGE), spec=spec),
         )
 
     async def before(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import ssl
@@ -26,12 +27,13 @@ import statistics
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import pytest
 from forged_reviews import post, review, webhook_url_and_ca
 from kubernetes_asyncio import client
 
+import builders
 from tally.webhook.limits import HEADER_TIMEOUT_S, MAX_CONNECTIONS
 from tally_e2e import RunningOperator, eventually
 
@@ -51,7 +53,6 @@ RSS_SLACK: Final = 48 * 1024 * 1024
 """The allocator keeping some of what closed connections freed, the creates' own work."""
 DECIDED_WITHIN_S: Final = 10.0
 """The webhook's timeoutSeconds: a create not answered by then is refused by the API server."""
-IMAGE: Final = "registry.example/app:1"
 
 
 def rss(pid: int) -> int:
@@ -141,13 +142,7 @@ class Pressure:
             await asyncio.sleep(SLOW_RECONNECT_S if slow else RECONNECT_S)
 
 
-def pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{"name": "c", "image": IMAGE, "resources": {"requests": {"cpu": "1m"}}}]
-        },
-    }
+pod = functools.partial(builders.pod, requests={"cpu": "1m"}, container_name="c")
 
 
 async def _used(api: client.ApiClient, namespace: str) -> dict[str, str]:
@@ -158,7 +153,7 @@ async def _used(api: client.ApiClient, namespace: str) -> dict[str, str]:
 @pytest.fixture
 async def quota(api: client.ApiClient, namespace: str) -> str:
     await client.CoreV1Api(api).create_namespaced_resource_quota(
-        namespace, {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "1000"}}}
+        namespace, builders.resource_quota("q", {"pods": "1000"})
     )
     await eventually(lambda: _used(api, namespace), until=lambda u: u == {"pods": "0"})
     return namespace

@@ -26,11 +26,12 @@ from typing import Any, Final
 
 import pytest
 import yaml
-from clusterquota_e2e import IMAGE, Team, wait_for_status
+from clusterquota_e2e import Team, wait_for_status
 from kubernetes_asyncio import client
 from podset_e2e import install_podset_crd
 
 import cluster
+from builders import IMAGE
 from tally_e2e import ControlPlane, eventually, set_pod_status
 
 pytest_plugins = ["clusterquota_e2e"]

@@ -60,6 +60,7 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess, webhook_ports
 from podset_e2e import PODSET, OwnedPodWatch, install_podset_crd
 
+import builders
 import cluster
 from tally_e2e import ControlPlane, eventually, wait_for_default_service_account
 
@@ -204,13 +205,7 @@ async def create_quota(api: client.ApiClient, namespace: str, hard: dict[str, st
     )
 
 
-def pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]},
-    }
+pod = functools.partial(builders.pod, container_name="c", with_kind=True)
 
 
 def trusted_ca(plane: ControlPlane, configuration: str) -> str:

@@ -26,6 +26,7 @@ it), so other modules see the control plane as they would without it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 import time
@@ -41,6 +42,7 @@ import yaml
 from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
+import builders
 import cluster
 from tally_e2e import ControlPlane, eventually
 
@@ -295,15 +297,7 @@ async def sa_tally(
         await asyncio.to_thread(tally.kill)
 
 
-def _quota(name: str, hard: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"hard": hard}}
-
-
-def _pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-    }
+_pod = functools.partial(builders.pod, container_name="c", image="registry.k8s.io/pause:3.10")
 
 
 async def test_tally_works_with_the_service_account_alone(
@@ -334,7 +328,7 @@ async def test_tally_works_with_the_service_account_alone(
         assert webhook["clientConfig"]["caBundle"] == secret.data["ca.crt"]
 
     await core.create_namespaced_resource_quota(
-        namespace, _quota("q", {"pods": "1", "count/podsets.tally.dev": "1"})
+        namespace, builders.resource_quota("q", {"pods": "1", "count/podsets.tally.dev": "1"})
     )
 
     async def used() -> dict[str, str]:
@@ -511,7 +505,9 @@ async def test_without_quota_status_update_no_status_is_written(
     try:
         await asyncio.to_thread(tally.start)
         core = client.CoreV1Api(api)
-        await core.create_namespaced_resource_quota(namespace, _quota("q", {"pods": "1"}))
+        await core.create_namespaced_resource_quota(
+            namespace, builders.resource_quota("q", {"pods": "1"})
+        )
 
         async def log() -> str:
             return tally.log_text(tail=10_000)

@@ -54,6 +54,7 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess
 from raw_api import RawApi
 
+import builders
 from tally.quota.quantity import parse_quantity
 from tally_e2e import (
     ControlPlane,
@@ -209,17 +210,13 @@ def b64(data: bytes) -> str:
 
 
 def config_map(name: str, size: int, seed: int = 0) -> str:
-    return json.dumps(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
-         "data": {"payload": text(size, seed)}}
-    )  # fmt: skip
+    data = {"payload": text(size, seed)}
+    return json.dumps(builders.config_map(name, data=data, with_kind=True))
 
 
 def secret(name: str, size: int, seed: int = 0) -> str:
-    return json.dumps(
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
-         "data": {"payload": b64(blob_bytes(size, seed))}}
-    )  # fmt: skip
+    data = {"payload": b64(blob_bytes(size, seed))}
+    return json.dumps(builders.secret(name, data=data, with_kind=True))
 
 
 def helm_release(status: str) -> str:
@@ -296,21 +293,10 @@ def podset(name: str, *, deep: int = 0, replicas: int = 0, version: str = "") ->
     return head.replace('"TEMPLATE"', template_spec)
 
 
-def pod(name: str, containers: int = 1) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {
-                "containers": [
-                    {"name": f"c{index}", "image": IMAGE,
-                     "resources": {"requests": {"cpu": "10m", "memory": "8Mi"}}}
-                    for index in range(containers)
-                ]
-            },
-        }
-    )  # fmt: skip
+def pod_json(name: str, containers: int = 1) -> str:
+    requests = {"cpu": "10m", "memory": "8Mi"}
+    each = [builders.container(f"c{index}", requests, image=IMAGE) for index in range(containers)]
+    return json.dumps(builders.pod(name, labels={"app": name}, containers=each, with_kind=True))
 
 
 def delete_options(**preconditions: str) -> str:
@@ -534,8 +520,8 @@ def corpus() -> list[Request]:
             "podset scale to 0", "PATCH", podsets("ps9k", "scale"), '{"spec":{"replicas":0}}', MERGE
         ),
         # Pods.
-        Request("pod with 50 containers", "POST", core("pods"), pod("fifty", containers=50)),
-        Request("pod create", "POST", core("pods"), pod("one")),
+        Request("pod with 50 containers", "POST", core("pods"), pod_json("fifty", containers=50)),
+        Request("pod create", "POST", core("pods"), pod_json("one")),
         Request(
             "pod status, as a kubelet writes it",
             "PATCH",
@@ -558,7 +544,7 @@ def corpus() -> list[Request]:
             STRATEGIC,
         ),
         Request(
-            "pod dry-run create", "POST", core("pods"), pod("dry"), query=(("dryRun", "All"),)
+            "pod dry-run create", "POST", core("pods"), pod_json("dry"), query=(("dryRun", "All"),)
         ),
         Request(
             "pod delete, stale resourceVersion",

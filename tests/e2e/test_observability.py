@@ -36,6 +36,7 @@ from cryptography import x509
 from kubernetes_asyncio import client
 
 import cluster
+from builders import pod
 from tally.app.metrics import Metrics
 from tally_e2e import RunningOperator, eventually
 
@@ -266,13 +267,6 @@ async def served_certificate(api: client.ApiClient, operator: RunningOperator) -
     return x509.load_der_x509_certificate(der)
 
 
-def pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
-    }
-
-
 async def _quota_used(api: client.ApiClient, namespace: str) -> dict[str, str]:
     quota = await client.CoreV1Api(api).read_namespaced_resource_quota("pods", namespace)
     return dict((api.sanitize_for_serialization(quota).get("status") or {}).get("used") or {})
@@ -301,9 +295,9 @@ async def test_prometheus_answers_every_dashboard_query_and_alert_expression(
         what="the quota's first status",
     )
     for i in range(PODS_HARD):
-        await core.create_namespaced_pod(namespace, pod(f"p{i}"))
+        await core.create_namespaced_pod(namespace, pod(f"p{i}", container_name="app"))
     with pytest.raises(client.ApiException) as denied:
-        await core.create_namespaced_pod(namespace, pod("one-too-many"))
+        await core.create_namespaced_pod(namespace, pod("one-too-many", container_name="app"))
     assert 403 == denied.value.status
 
     # Scraped after the traffic: the quota full, the denial counted.

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+import builders
 from tally_e2e import ControlPlane, RunningOperator, eventually, set_pod_status
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "podsets.tally.dev.yaml"
@@ -34,26 +35,13 @@ def podset_crd(control_plane: ControlPlane) -> None:
 def podset(
     name: str, replicas: int, *, min_ready: int = 0, app: str | None = None
 ) -> dict[str, Any]:
-    labels = {"app": app or name}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PodSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "minReadySeconds": min_ready,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {"name": "app", "image": "registry.example/app:1",
-                         "resources": {"requests": {"cpu": "100m"}}}
-                    ]
-                },
-            },
-        },
-    }  # fmt: skip
+    return builders.podset(
+        name,
+        replicas,
+        selector={"app": app or name},
+        containers=[builders.container("app", {"cpu": "100m"})],
+        spec={"minReadySeconds": min_ready},
+    )
 
 
 async def owned_pods(api: client.ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
+import builders
 from tally.podset.validation import validate_podset
 from tally_e2e import ControlPlane
 
@@ -47,18 +48,7 @@ def podset_crd(control_plane: ControlPlane) -> None:
 
 def podset(name: str, **spec: Any) -> Obj:
     """A valid PodSet; keyword arguments replace top-level spec fields (``None`` removes one)."""
-    body: Obj = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PodSet",
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
-            },
-        },
-    }
+    body = builders.podset(name, containers=[builders.container("app")])
     for key, value in spec.items():
         if value is None:
             body["spec"].pop(key, None)

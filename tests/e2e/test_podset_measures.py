@@ -31,8 +31,9 @@ from clusterquota_e2e import (
     used_by_namespace,
 )
 from kubernetes_asyncio import client
-from podset_e2e import IMAGE, install_podset_crd
+from podset_e2e import install_podset_crd
 
+import builders
 from tally_e2e import ControlPlane, eventually
 
 pytest_plugins = ["clusterquota_e2e"]
@@ -47,24 +48,7 @@ def podset_crd(control_plane: ControlPlane) -> None:
 
 
 def podset(name: str, replicas: int, cpu: str) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PodSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {"name": "a", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}
-                    ]
-                },
-            },
-        },
-    }
+    return builders.podset(name, replicas, containers=[builders.container("a", {"cpu": cpu})])
 
 
 async def create_podset(team: Team, namespace: str, name: str, replicas: int, cpu: str) -> None:

@@ -8,6 +8,7 @@ so objects are created before the quota that counts them, and deletions lower us
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
@@ -16,23 +17,15 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from builders import pod
 from tally_e2e import ControlPlane, RunningOperator, eventually, set_pod_status
 
 # "within 1 s" in issue 4; the poll interval and the API round trip fit inside it.
 PROMPTLY_S = 1.0
 
 
-def pod(name: str, cpu: str | None = None, memory: str | None = None) -> dict[str, Any]:
-    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {"name": "app", "image": "registry.example/app:1",
-                 "resources": {"requests": requests, "limits": requests}}
-            ]
-        },
-    }  # fmt: skip
+# Pods whose requests are their limits (both {} for a best-effort one).
+_pod = functools.partial(pod, container_name="app", resources="both")
 
 
 async def used(api: client.ApiClient, namespace: str, name: str) -> dict[str, str] | None:
@@ -66,8 +59,12 @@ async def test_new_quota_gets_status_promptly_and_deletes_lower_usage(
     await core.create_namespaced_service(
         namespace, {"metadata": {"name": "web"}, "spec": {"type": "NodePort", "ports": ports}}
     )
-    await core.create_namespaced_pod(namespace, pod("p1", cpu="250m", memory="64Mi"))
-    await core.create_namespaced_pod(namespace, pod("p2", cpu="500m", memory="64Mi"))
+    await core.create_namespaced_pod(
+        namespace, _pod("p1", {"cpu": "250m", "memory": "64Mi"}, {"cpu": "250m", "memory": "64Mi"})
+    )
+    await core.create_namespaced_pod(
+        namespace, _pod("p2", {"cpu": "500m", "memory": "64Mi"}, {"cpu": "500m", "memory": "64Mi"})
+    )
     await core.create_namespaced_resource_quota(
         namespace,
         {
@@ -134,10 +131,12 @@ async def test_scopes_partition_pod_usage(
     operator: RunningOperator, api: client.ApiClient, namespace: str
 ) -> None:
     core = client.CoreV1Api(api)
-    await core.create_namespaced_pod(namespace, pod("best-effort"))
-    await core.create_namespaced_pod(namespace, pod("burstable", cpu="100m", memory="32Mi"))
-    terminating = pod("terminating", cpu="200m")
-    terminating["spec"]["activeDeadlineSeconds"] = 60
+    await core.create_namespaced_pod(namespace, _pod("best-effort"))
+    await core.create_namespaced_pod(
+        namespace,
+        _pod("burstable", {"cpu": "100m", "memory": "32Mi"}, {"cpu": "100m", "memory": "32Mi"}),
+    )
+    terminating = _pod("terminating", {"cpu": "200m"}, {"cpu": "200m"}, active_deadline_seconds=60)
     await core.create_namespaced_pod(namespace, terminating)
     for name, scopes in (
         ("best-effort", ["BestEffort"]),

@@ -14,14 +14,15 @@ mixes refused and ordinary creates against a tight quota must never over-admit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 from policy_webhook import REFUSAL, PolicyWebhook
 
+from builders import pod, resource_quota
 from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally_e2e import RunningOperator, eventually
 
@@ -29,7 +30,6 @@ BOUND_S = DEFAULT_TIMEOUT_S + 2.0
 """What the issue allows: the confirmation timeout plus 2 s."""
 FILL_WITHIN_S = 60.0
 """A guard against a quota that never fills (the test would otherwise loop forever)."""
-IMAGE = "registry.example/app:1"
 POD_CREATES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                 "resources": ["pods"]}]  # fmt: skip
 SERVICE_UPDATES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
@@ -41,12 +41,9 @@ async def _used(api: client.ApiClient, namespace: str, name: str = "q") -> dict[
     return dict((api.sanitize_for_serialization(quota).get("status") or {}).get("used") or {})
 
 
-def _pod(name: str, *, deny: bool = False) -> dict[str, Any]:
-    labels = {"deny": "true"} if deny else {}
-    return {
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "a", "image": IMAGE}]},
-    }
+DENY = {"deny": "true"}
+"""The label the policy webhook refuses."""
+_pod = functools.partial(pod, labels={})
 
 
 def _message(error: client.ApiException) -> str:
@@ -55,7 +52,7 @@ def _message(error: client.ApiException) -> str:
 
 async def _quota(api: client.ApiClient, namespace: str, hard: dict[str, str]) -> None:
     await client.CoreV1Api(api).create_namespaced_resource_quota(
-        namespace, {"metadata": {"name": "q"}, "spec": {"hard": hard}}
+        namespace, resource_quota("q", hard)
     )
     await eventually(
         lambda: _used(api, namespace),
@@ -79,7 +76,7 @@ async def test_refused_creates_are_released_and_ordinary_ones_admitted(
     async with PolicyWebhook(api, namespace, POD_CREATES) as policy:
         for index in range(3):
             with pytest.raises(client.ApiException) as refused:
-                await core.create_namespaced_pod(namespace, _pod(f"denied-{index}", deny=True))
+                await core.create_namespaced_pod(namespace, _pod(f"denied-{index}", labels=DENY))
             assert REFUSAL in _message(refused.value)
         assert len(policy.refused) == 3
         refused_at = time.monotonic()
@@ -159,7 +156,7 @@ async def test_a_burst_half_refused_elsewhere_never_over_admits(
         async def create(index: int) -> bool:
             try:
                 await core.create_namespaced_pod(
-                    namespace, _pod(f"burst-{index}", deny=index % 2 == 1)
+                    namespace, _pod(f"burst-{index}", labels=DENY if index % 2 == 1 else {})
                 )
             except client.ApiException:
                 return False

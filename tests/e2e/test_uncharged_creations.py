@@ -21,18 +21,13 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess
 from podset_e2e import PODSET, install_podset_crd
 
+from builders import pod
 from tally_e2e import ControlPlane, eventually
-
-IMAGE = "registry.example/app:1"
 
 
 async def _used(api: client.ApiClient, namespace: str, name: str = "q") -> dict[str, Any]:
     quota = await client.CoreV1Api(api).read_namespaced_resource_quota(name, namespace)
     return dict((quota.status.used or {}) if quota.status else {})
-
-
-def _pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "a", "image": IMAGE}]}}
 
 
 async def test_creations_count_when_the_webhook_is_off(
@@ -59,7 +54,7 @@ async def test_creations_count_when_the_webhook_is_off(
             what="the quota's first usage",
         )
         for index in range(3):
-            await core.create_namespaced_pod(namespace, _pod(f"p{index}"))
+            await core.create_namespaced_pod(namespace, pod(f"p{index}"))
         await core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}})
         # Within seconds, not at the next full resync (5 minutes).
         await eventually(

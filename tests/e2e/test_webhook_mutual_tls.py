@@ -19,7 +19,6 @@ import asyncio
 import datetime
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -29,18 +28,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from forged_reviews import QUOTA_WEBHOOK, Refused, post, review, webhook_url_and_ca
 from kubernetes_asyncio import client
 
+from builders import pod
 from tally_e2e import RunningOperator, eventually, wait_for_root_ca_configmap
-
-IMAGE = "registry.example/app:1"
-
-
-def _pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "a", "image": IMAGE}]},
-    }
 
 
 def _other_ca_client(directory: Path) -> tuple[Path, Path]:
@@ -101,14 +90,19 @@ async def test_only_the_api_servers_certificate_gets_an_answer(
     # 1. Forged: no client certificate, or one from another CA. Refused in the handshake.
     for client_pair in (None, _other_ca_client(tmp_path / "other")):
         with pytest.raises(Refused):
-            await post(url, ca_pem, client_pair, review(namespace, _pod("forged"), "pods", "Pod"))
+            await post(
+                url,
+                ca_pem,
+                client_pair,
+                review(namespace, pod("forged", with_kind=True), "pods", "Pod"),
+            )
     await asyncio.sleep(1.0)  # time for a reservation to show, had one been made
     assert before == await _used(api, namespace)
 
     # 2. Through the API server: judged as usual.
-    await core.create_namespaced_pod(namespace, _pod("real"))
+    await core.create_namespaced_pod(namespace, pod("real", with_kind=True))
     with pytest.raises(client.ApiException) as denied:
-        await core.create_namespaced_pod(namespace, _pod("over"))
+        await core.create_namespaced_pod(namespace, pod("over", with_kind=True))
     assert 403 == denied.value.status
     assert json.loads(denied.value.body)["message"] == (
         f'admission webhook "{QUOTA_WEBHOOK}" denied the request: exceeded quota: q, '

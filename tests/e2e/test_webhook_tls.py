@@ -41,11 +41,13 @@ from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
 import cluster
+from builders import pod
 from tally.webhook import certs
 from tally_e2e import ControlPlane, eventually
 
 SECRET = "tally-webhook-tls"
 CONFIGURATION = "tally.dev"
+PAUSE = "registry.k8s.io/pause:3.10"
 
 
 # -- observing
@@ -91,13 +93,6 @@ def chains_to(cert: x509.Certificate, bundle: bytes) -> bool:
             continue
         return True
     return False
-
-
-def pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-    }
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -186,9 +181,9 @@ async def test_the_certificate_is_kept_in_the_secret_across_restarts(
         until=lambda q: bool(q.status and q.status.used),
         what="status.used",
     )
-    await core.create_namespaced_pod(namespace, pod("one"))
+    await core.create_namespaced_pod(namespace, pod("one", container_name="c", image=PAUSE))
     with pytest.raises(client.ApiException) as denied:
-        await core.create_namespaced_pod(namespace, pod("two"))
+        await core.create_namespaced_pod(namespace, pod("two", container_name="c", image=PAUSE))
     assert 403 == denied.value.status
     assert "exceeded quota: q" in json.loads(denied.value.body)["message"]
 

@@ -20,6 +20,7 @@ Each test runs a tally of its own with a webhook configuration of its own, stops
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,13 +31,11 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
+import builders
+from builders import container, podset
 from tally_e2e import ControlPlane, wait_for_default_service_account
 
-IMAGE = "registry.example/app:1"
-
-
-def pod(name: str) -> dict[str, object]:
-    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": IMAGE}]}}
+pod = functools.partial(builders.pod, container_name="c")
 
 
 @pytest_asyncio.fixture
@@ -131,14 +130,13 @@ async def test_exempt_namespaces_and_uncharged_writes_go_on(
         assert 'failed calling webhook "clusterquotas.tally.dev"' in message
         status, message = await refusal(
             client.CustomObjectsApi(api).create_namespaced_custom_object(
-                "tally.dev", "v1alpha1", managed, "podsets",
-                {"apiVersion": "tally.dev/v1alpha1", "kind": "PodSet",
-                 "metadata": {"name": "web"},
-                 "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
-                          "template": {"metadata": {"labels": {"app": "web"}},
-                                       "spec": {"containers": [{"name": "c", "image": IMAGE}]}}}},
+                "tally.dev",
+                "v1alpha1",
+                managed,
+                "podsets",
+                podset("web", 0, containers=[container("c")]),
             )
-        )  # fmt: skip
+        )
         assert status == 500, message
         assert 'failed calling webhook "podsets.tally.dev"' in message
 
