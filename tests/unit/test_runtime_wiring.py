@@ -8,13 +8,16 @@ tests look at what reached the quota controller's queues and the charge ledger.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
-from tally.app.runtime import CLUSTER_QUOTAS, PODS, RESOURCE_QUOTAS, Runtime
+import builders
+from tally.app.kinds import CLUSTER_QUOTAS, PODS, RESOURCE_QUOTAS
+from tally.app.runtime import Runtime
 from tally.app.settings import Settings
 from tally.charges import ObjectRef
 from tally.evaluators.base import GroupResource
@@ -25,20 +28,11 @@ pytestmark = pytest.mark.unit
 KEY = ("team", "q")
 
 
-def _quota(used: str, resource_version: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "q", "namespace": "team", "uid": "u-q",
-                     "resourceVersion": resource_version},
-        "spec": {"hard": {"pods": "10"}},
-        "status": {"hard": {"pods": "10"}, "used": {"pods": used}},
-    }  # fmt: skip
-
-
-def _pod(name: str, uid: str, namespace: str = "team") -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "7"},
-        "spec": {"containers": [{"name": "a", "image": "i"}]},
-    }
+# The quota team/q of 10 pods (its status.used given), and pods of team.
+_quota = functools.partial(
+    builders.resource_quota, "q", {"pods": "10"}, namespace="team", uid="u-q"
+)
+_pod = functools.partial(builders.pod, namespace="team", resource_version="7", image="i")
 
 
 async def _queued(queue: Any) -> list[Any]:
@@ -53,7 +47,7 @@ async def _queued(queue: Any) -> list[Any]:
 async def _runtime(**settings: Any) -> AsyncIterator[Runtime]:
     api = client.ApiClient()
     runtime = Runtime(Settings(**settings), api)
-    runtime.on_event(RESOURCE_QUOTAS, "ADDED", _quota("0", "1"))
+    runtime.on_event(RESOURCE_QUOTAS, "ADDED", _quota({"pods": "0"}, resource_version="1"))
     await _queued(runtime.controller.queue)  # the quota's own first sync
     try:
         yield runtime
@@ -68,18 +62,18 @@ async def runtime() -> AsyncIterator[Runtime]:
 
 
 async def test_a_pod_deletion_recalculates_the_namespaces_quotas(runtime: Runtime) -> None:
-    runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+    runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p"))
     await _queued(runtime.controller.queue)
-    runtime.on_event(PODS, "DELETED", _pod("p", "u-p"))
+    runtime.on_event(PODS, "DELETED", _pod("p", uid="u-p"))
     assert [KEY] == await _queued(runtime.controller.queue)
 
 
 async def test_a_pod_event_confirms_its_charge(runtime: Runtime) -> None:
     ref = ObjectRef(PODS, "team", "p")
     runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
-    runtime.on_event(PODS, "ADDED", _pod("p", "u-other"))  # another incarnation of the name
+    runtime.on_event(PODS, "ADDED", _pod("p", uid="u-other"))  # another incarnation of the name
     assert 1 == len(runtime.charges)
-    runtime.on_event(PODS, "MODIFIED", _pod("p", "u-p"))
+    runtime.on_event(PODS, "MODIFIED", _pod("p", uid="u-p"))
     assert 0 == len(runtime.charges)
 
 
@@ -91,7 +85,7 @@ async def test_a_released_charge_recalculates_its_quota(runtime: Runtime) -> Non
 async def test_a_deleted_quota_leaves_no_charge_behind(runtime: Runtime) -> None:
     ref = ObjectRef(PODS, "team", "p")
     runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
-    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota("1", "2"))
+    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota({"pods": "1"}, resource_version="2"))
     assert (0, {}) == (len(runtime.charges), runtime.charges.held(KEY))
 
 
@@ -111,9 +105,9 @@ async def test_a_deleted_quota_leaves_no_metric_series_on_a_replica_that_does_no
             for kind in ("hard", "used")
         ]
 
-    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("1", "2"))
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "1"}, resource_version="2"))
     assert [10.0, 1.0] == series()
-    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota("1", "2"))
+    runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota({"pods": "1"}, resource_version="2"))
     assert [None, None] == series()
     assert KEY not in runtime.metrics._series
 
@@ -121,7 +115,9 @@ async def test_a_deleted_quota_leaves_no_metric_series_on_a_replica_that_does_no
 async def test_a_raise_nobody_here_wrote_is_held_only_with_leader_election() -> None:
     for leader_election, held in ((False, {}), (True, {"pods": Quantity.parse("3")})):
         async for runtime in _runtime(leader_election=leader_election):
-            runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("3", "5"))
+            runtime.on_event(
+                RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "3"}, resource_version="5")
+            )
             assert held == runtime.charges.held(KEY), leader_election
 
 
@@ -138,15 +134,15 @@ async def test_a_creation_in_an_exempt_namespace_recalculates_its_quotas() -> No
     for exempt, queued in (("kube-system", []), ("kube-system,team", [KEY])):
         async for runtime in _runtime(exempt_namespaces=exempt):
             runtime.serving.registrar = _Registered()  # type: ignore[assignment]
-            runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+            runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p"))
             assert queued == await _queued(runtime.controller.queue), exempt
 
 
 async def test_namespaces_tally_does_not_manage_are_ignored() -> None:
     async for runtime in _runtime(namespaces="team"):
-        runtime.on_event(PODS, "ADDED", _pod("p", "u-p", namespace="elsewhere"))
+        runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p", namespace="elsewhere"))
         assert 0 == len(runtime.informers[PODS].store)
-        runtime.on_event(PODS, "ADDED", _pod("p", "u-p"))
+        runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p"))
         assert 1 == len(runtime.informers[PODS].store)
 
 
@@ -159,7 +155,7 @@ async def test_a_gap_kopf_relists_on_one_kind_relists_every_synced_kind(runtime:
         informer.store.replace([], started_at=0)
     unsynced = runtime.informers[GroupResource("", "services")]
     try:
-        runtime.on_event(PODS, None, _pod("p", "u-p"))
+        runtime.on_event(PODS, None, _pod("p", uid="u-p"))
         assert secrets._relist_task is not None
         assert runtime.pod_views._relist_task is not None
         assert unsynced._relist_task is None  # its first LIST is still to come
@@ -204,10 +200,10 @@ async def test_a_usage_write_does_not_send_discovery_through_every_quota(
     # webhook rules depend on it, only on the names in spec.hard and status.hard.
     pokes: list[str] = []
     monkeypatch.setattr(runtime.dynamic, "poke", lambda: pokes.append("poke"))
-    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("1", "2"))
-    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota("3", "3"))
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "1"}, resource_version="2"))
+    runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "3"}, resource_version="3"))
     assert pokes == []
-    named = _quota("3", "4")
+    named = _quota({"pods": "3"}, resource_version="4")
     named["spec"]["hard"]["count/widgets.example.com"] = "5"
     runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", named)
     assert pokes == ["poke"]

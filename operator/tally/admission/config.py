@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
+
+import yaml
 
 from tally.evaluators.base import GroupResource, ScopeError, ScopeRequirement
 from tally.evaluators.base import parse_scope_requirement as _parse_scope
@@ -173,3 +176,14 @@ def _string_list(value: object, field: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigurationError(field, f"expected a list of strings, got {value!r}")
     return list(value)
+
+
+def load_configuration(path: str) -> Configuration | None:
+    """``TALLY_ADMISSION_CONFIG``: the file's configuration; None without a path."""
+    if not path:
+        return None
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"TALLY_ADMISSION_CONFIG={path!r}: {error}") from error
+    return parse_configuration(raw)

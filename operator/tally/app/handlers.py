@@ -31,17 +31,10 @@ from typing import Any
 
 import kopf
 
+from tally.app.kinds import CLUSTER_QUOTAS, NAMESPACES, PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS
 from tally.app.kopf_settings import configure_kopf
 from tally.app.recursion import raise_recursion_limit
-from tally.app.runtime import (
-    CLUSTER_QUOTAS,
-    NAMESPACES,
-    PODSETS,
-    RESOURCE_QUOTAS,
-    STOP_TIMEOUT_S,
-    TRACKED_CORE_KINDS,
-    Runtime,
-)
+from tally.app.runtime import STOP_TIMEOUT_S, Runtime
 from tally.app.settings import Settings, SettingsError
 from tally.evaluators.base import GroupResource
 from tally.kube import cluster_quotas, rest

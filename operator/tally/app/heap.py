@@ -87,3 +87,9 @@ class HeapTrimmer:
         self.trims += 1
         self._observe(seconds)
         logger.debug("heap trimmed in %.1f ms (released: %s)", seconds * 1000, released)
+
+
+def heap_trimmer(period: float, observe: Callable[[float], None]) -> HeapTrimmer | None:
+    """A trimmer every ``period`` seconds (0: none), where glibc's ``malloc_trim`` exists."""
+    trim = glibc_malloc_trim() if period else None
+    return HeapTrimmer(trim, period, observe) if trim is not None else None

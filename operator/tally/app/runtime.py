@@ -17,17 +17,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
-import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
-from tally.admission.config import Configuration, parse_configuration
+from tally.admission.config import load_configuration
 from tally.admission.evaluator import QuotaEvaluator
-from tally.app.heap import HeapTrimmer, glibc_malloc_trim
+from tally.app.heap import heap_trimmer
+from tally.app.kinds import (
+    CLUSTER_QUOTAS,
+    CLUSTER_SCOPED,
+    NAMESPACES,
+    OWN_KINDS,
+    PODS,
+    PODSETS,
+    RESOURCE_QUOTAS,
+    SECRETS,
+    TRACKED_CORE_KINDS,
+)
 from tally.app.leading import Leading
 from tally.app.metrics import Metrics
 from tally.app.serving import WebhookServing
@@ -40,8 +49,7 @@ from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
 from tally.clusterquota.measures import MeasureCatalog
 from tally.clusterquota.routing import ClusterQuotaEvents
-from tally.evaluators.base import GroupResource, object_count_resource_name
-from tally.evaluators.measured import MeasuredEvaluator
+from tally.evaluators.base import GroupResource
 from tally.evaluators.podsets import PodSetEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import cluster_quotas, rest
@@ -53,14 +61,12 @@ from tally.kube.informers import KubeInformers
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
 from tally.machinery.cache import Change, Store
-from tally.measures import Measure
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
 from tally.quota.identity import (
     CLUSTER_QUOTA_KIND,
     QuotaKey,
     cluster_quota_of,
-    quota_key,
 )
 from tally.resourcequota.controller import ResourceQuotaController
 from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
@@ -80,29 +86,8 @@ from tally.webhook.server import (
 
 logger = logging.getLogger(__name__)
 
-RESOURCE_QUOTAS: Final = GroupResource("", "resourcequotas")
-TRACKED_CORE_KINDS: Final = (
-    GroupResource("", "pods"),
-    GroupResource("", "services"),
-    GroupResource("", "persistentvolumeclaims"),
-    GroupResource("", "configmaps"),
-    GroupResource("", "secrets"),
-    GroupResource("", "replicationcontrollers"),
-)
-"""The core kinds upstream's quota controller always watches (its evaluators' kinds)."""
-PODS: Final = GroupResource("", "pods")
-SECRETS: Final = GroupResource("", "secrets")
-PODSETS: Final = GroupResource(podset_client.GROUP, podset_client.PLURAL)
-"""tally's own kind: reconciled by the PodSet controller and countable by quotas."""
-CLUSTER_QUOTAS: Final = GroupResource(cluster_quotas.GROUP, cluster_quotas.PLURAL)
-"""tally's ClusterQuotas (cluster-scoped)."""
-NAMESPACES: Final = GroupResource("", "namespaces")
-"""Namespaces, for their labels: what ClusterQuotas select."""
-CLUSTER_SCOPED: Final = frozenset({CLUSTER_QUOTAS, NAMESPACES})
 CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
 """Admission's lane for every namespace a ClusterQuota selects ("*": no namespace name)."""
-OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
-"""tally's custom resources and their versions: a missing CRD lists as no objects."""
 ADMISSION_TIMEOUT_S: Final = 9.5
 STOP_TIMEOUT_S: Final = 5.0
 """How long a stop waits for others in all: reviews and syncs in progress, and the API server
@@ -154,12 +139,7 @@ class Runtime:
         self.identity = identity or leaderelection.default_identity()
         self.registry: Registry = new_registry()
         self.metrics = Metrics()
-        trim = glibc_malloc_trim() if settings.heap_trim_period else None
-        self.heap_trimmer = (
-            HeapTrimmer(trim, settings.heap_trim_period, self.metrics.heap_trimmed)
-            if trim is not None
-            else None
-        )
+        self.heap_trimmer = heap_trimmer(settings.heap_trim_period, self.metrics.heap_trimmed)
         renewed = [c for c in (self.api, self.dedicated_api) if c is not self.watch_api]
         self.pool_renewal = (
             rest.PoolRenewal(
@@ -184,7 +164,6 @@ class Runtime:
                 *(e.group_resource for e in self.registry.list()),
             }
         )  # fmt: skip
-        self._measured: dict[GroupResource, dict[str, Measure]] = {}
         self.caches = KubeInformers(
             api,
             versions=OWN_KINDS,
@@ -278,7 +257,7 @@ class Runtime:
         self.admission = QuotaEvaluator(
             self.accessor,
             self.registry,
-            _load_admission_config(settings.admission_config),
+            load_configuration(settings.admission_config),
             workers=settings.admission_workers,
             # Under the webhook's 10 s timeoutSeconds, so that the API server gets our answer
             # (upstream's words, 500) rather than giving up and applying the failure policy.
@@ -335,11 +314,14 @@ class Runtime:
             on_begun=self.dynamic.poke,  # Events a follower only logged are posted now
             on_lost=on_leadership_lost,
         )
-        self.enforces_resource_quotas = True
-        """False where the cluster's own quota system is on: ClusterQuotas only (set by the
-        start-up probe, before anything starts)."""
         self._metrics_runner: web.AppRunner | None = None
         self._wire_handlers()
+
+    @property
+    def enforces_resource_quotas(self) -> bool:
+        """False where the cluster's own quota system is on: ClusterQuotas only (decided by the
+        start-up probe, before anything starts)."""
+        return self.admission.charges_resource_quotas
 
     def _admission_rules_current(self) -> bool:
         """Whether the API server sends tally's webhook every kind the quotas name; True without
@@ -508,60 +490,25 @@ class Runtime:
         await self.caches.sync(gr for gr in self.informers if gr != RESOURCE_QUOTAS)
 
     async def _check_builtin_quota(self) -> None:
-        """Leave ResourceQuotas to upstream's own quota system where it is on (see
-        :mod:`tally.builtin_quota.decision`)."""
-        namespace = builtin_quota.probe_namespace(self.settings.namespace)
-        result = await builtin_quota_probe.probe(self.api, namespace)
-        decision = builtin_quota.decide(result, allowed=self.settings.allow_builtin_quota)
+        """Leave ResourceQuotas to upstream's own quota system where it is on."""
+        decision = await builtin_quota_probe.check(
+            self.api, self.settings.namespace, allowed=self.settings.allow_builtin_quota
+        )
         if decision.action is builtin_quota.Action.CLUSTER_QUOTAS_ONLY:
-            self.enforces_resource_quotas = False
             self.admission.charges_resource_quotas = False
         self.metrics.enforcing(resource_quotas=self.enforces_resource_quotas)
-        if decision.action is builtin_quota.Action.WARN:
-            logger.warning("%s", decision.message)
-        else:
-            logger.info("%s", decision.message)
 
     def _refresh_measures(self) -> None:
-        """Register an evaluator for each kind ClusterQuotas measure (and remove those no
-        ClusterQuota measures any more); a kind whose measures changed is watched again."""
+        """The measured kinds' evaluators follow the ClusterQuotas; a changed kind is watched
+        again."""
         cqs = self.informers[CLUSTER_QUOTAS].store.in_namespace("")
-        wanted, conflicts = self.measures.by_kind(cqs)
-        for conflict in conflicts:
-            logger.warning("measures: %s", conflict)
-        for gr in sorted(set(self._measured) | set(wanted)):
-            measures = wanted.get(gr, {})
-            if measures == self._measured.get(gr, {}):
-                continue
-            if measures:
-                self.registry.register(MeasuredEvaluator(gr, measures.values()))
-            else:
-                self.registry.remove(gr)
-            logger.info("measures: %s now measured by %s", gr, sorted(measures) or "nothing")
+        for gr in self.measures.refresh(cqs, self.registry):
             self.dynamic.evaluator_changed(gr)
-        self._measured = wanted
 
     def _count_kind_synced(self, gr: GroupResource) -> None:
-        """A dynamic kind's cache is ready: recalculate the quotas that name it (by
-        ``count/``, or by a name its evaluator measures, such as a ClusterQuota measure)."""
-        evaluator = self.registry.get(gr)
-
-        def names_it(hard: object) -> bool:
-            if not isinstance(hard, Mapping):
-                return False
-            names = [str(name) for name in hard]
-            if object_count_resource_name(gr) in names:
-                return True
-            return evaluator is not None and bool(evaluator.matching_resources(names))
-
-        for quota in self._all_quotas():
-            if any(
-                names_it((quota.get(section) or {}).get("hard")) for section in ("spec", "status")
-            ):
-                self.controller.queue.add(quota_key(quota))
-        for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace(""):
-            if names_it(cluster_quota.spec_quota(cq).get("hard")):
-                self.cluster_controller.queue.add(cluster_quota.name_of(cq))
+        """A dynamic kind's cache is ready: recalculate the quotas that name it."""
+        self.controller.enqueue_naming(gr)
+        self.cluster_controller.enqueue_naming(gr)
 
     def _all_quotas(self) -> list[Any]:
         return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
@@ -640,13 +587,3 @@ class Runtime:
         resolved = await self.scaled_podsets.resolve(attributes)
         if resolved is not None:
             await self.admission.evaluate(resolved)
-
-
-def _load_admission_config(path: str) -> Configuration | None:
-    if not path:
-        return None
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise ValueError(f"TALLY_ADMISSION_CONFIG={path!r}: {error}") from error
-    return parse_configuration(raw)

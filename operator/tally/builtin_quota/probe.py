@@ -52,13 +52,17 @@ from tally.builtin_quota.decision import (
     PROBE_LABELS,
     PROBE_NAME,
     PROBE_RESOURCE,
+    Action,
+    Decision,
     Finding,
     ProbeResult,
     State,
     admission_finding,
     controller_finding,
+    decide,
     foreign_status_writers,
     has_status_hard,
+    probe_namespace,
 )
 from tally.kube import rest
 
@@ -331,3 +335,15 @@ def _probe_quota(name: str, hard: dict[str, str]) -> dict[str, Any]:
         "metadata": {"name": name, "labels": PROBE_LABELS},
         "spec": {"hard": hard},
     }
+
+
+async def check(api: client.ApiClient, namespace: str, *, allowed: bool) -> Decision:
+    """Probe (in ``namespace``, or the default probe namespace), decide whether tally enforces
+    ResourceQuotas here, and say so in the log (a warning when both quota systems run)."""
+    result = await probe(api, probe_namespace(namespace))
+    decision = decide(result, allowed=allowed)
+    if decision.action is Action.WARN:
+        logger.warning("%s", decision.message)
+    else:
+        logger.info("%s", decision.message)
+    return decision

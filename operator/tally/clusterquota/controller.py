@@ -204,6 +204,12 @@ class ClusterQuotaController:
             return  # a status write: ours, or corrected at the next resync
         self.queue.add(change.name)
 
+    def enqueue_naming(self, gr: GroupResource) -> None:
+        """``gr``'s cache is ready: every ClusterQuota whose spec names it is synced."""
+        for cq in self._all():
+            if self.registry.names(gr, cluster.spec_quota(cq).get("hard")):
+                self.queue.add(cluster.name_of(cq))
+
     def on_namespace(self, change: Change[Obj]) -> None:
         """A namespace appeared, changed labels or went: re-sync the ClusterQuotas whose
         selection of it changes (a deleted namespace leaves the status)."""

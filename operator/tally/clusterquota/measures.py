@@ -17,11 +17,16 @@ distinct spec once and keeps it while some ClusterQuota still defines it.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from tally.evaluators.base import GroupResource
+from tally.evaluators.measured import MeasuredEvaluator
+from tally.evaluators.registry import Registry
 from tally.measures import Measure, MeasureError, compile_measure
+
+logger = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
 
@@ -44,6 +49,7 @@ class MeasureCatalog:
     def __init__(self, unmeasurable: Collection[GroupResource] = ()) -> None:
         self.unmeasurable = frozenset(unmeasurable)
         self._compiled: dict[str, Measure] = {}
+        self._measured: dict[GroupResource, dict[str, Measure]] = {}
 
     def compile(self, spec: Any, path: str) -> Measure:
         """One measure spec, compiled (once per distinct spec); :class:`MeasureError` if it is
@@ -126,3 +132,23 @@ class MeasureCatalog:
         for key in set(self._compiled) - live:
             del self._compiled[key]
         return kinds, conflicts
+
+    def refresh(self, cqs: Iterable[Obj], registry: Registry) -> list[GroupResource]:
+        """Register an evaluator for each kind ``cqs`` measure, and remove those no ClusterQuota
+        measures any more; the kinds whose measures changed (each to be watched again)."""
+        wanted, conflicts = self.by_kind(cqs)
+        for conflict in conflicts:
+            logger.warning("measures: %s", conflict)
+        changed: list[GroupResource] = []
+        for gr in sorted(set(self._measured) | set(wanted)):
+            measures = wanted.get(gr, {})
+            if measures == self._measured.get(gr, {}):
+                continue
+            if measures:
+                registry.register(MeasuredEvaluator(gr, measures.values()))
+            else:
+                registry.remove(gr)
+            logger.info("measures: %s now measured by %s", gr, sorted(measures) or "nothing")
+            changed.append(gr)
+        self._measured = wanted
+        return changed

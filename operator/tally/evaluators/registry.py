@@ -29,6 +29,7 @@ from tally.evaluators.base import (
     ObjectError,
     ScopeRequirement,
     get_mapping,
+    object_count_resource_name,
     quota_scopes,
 )
 from tally.evaluators.generic import LEGACY_OBJECT_COUNT_ALIASES, ObjectCountEvaluator
@@ -104,6 +105,17 @@ class Registry:
     def get(self, group_resource: GroupResource) -> Evaluator | None:
         """The registered evaluator, or ``None``."""
         return self._evaluators.get(group_resource)
+
+    def names(self, group_resource: GroupResource, hard: object) -> bool:
+        """Whether the hard list ``hard`` names ``group_resource``: by ``count/``, or by a name
+        its evaluator matches (such as a ClusterQuota measure's)."""
+        if not isinstance(hard, Mapping):
+            return False
+        names = [str(name) for name in hard]
+        if object_count_resource_name(group_resource) in names:
+            return True
+        evaluator = self.get(group_resource)
+        return evaluator is not None and bool(evaluator.matching_resources(names))
 
     def get_or_count(self, group_resource: GroupResource) -> Evaluator | None:
         """The registered evaluator, an object-count one for other resources, ``None`` if

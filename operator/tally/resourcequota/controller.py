@@ -259,6 +259,16 @@ class ResourceQuotaController:
             if isinstance(hard, Mapping) and evaluator.matching_resources(list(hard)):
                 self.queue.add(quota_key(quota_obj))
 
+    def enqueue_naming(self, gr: GroupResource) -> None:
+        """``gr``'s cache is ready: every quota whose spec or status names it is synced."""
+        for namespace in self.quotas.namespaces():
+            for quota_obj in self.quotas.in_namespace(namespace):
+                if any(
+                    self.registry.names(gr, (quota_obj.get(section) or {}).get("hard"))
+                    for section in ("spec", "status")
+                ):
+                    self.queue.add(quota_key(quota_obj))
+
     def enqueue_all(self) -> None:
         """The full resync: every quota goes through the primary queue."""
         for namespace in self.quotas.namespaces():
