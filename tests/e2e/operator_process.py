@@ -322,7 +322,9 @@ class OperatorError(RuntimeError):
 class TallyProcess:
     """One ``kopf run operator/main.py``; :meth:`start` again after :meth:`stop` restarts it.
 
-    Every start appends to the same log file, so a failure shows the whole history.
+    The one place tests, benchmarks and ``hack/conformance.py`` start tally (``hack/run.py``,
+    the developer's foreground ``make run``, runs its own). Every start appends to the same log
+    file, so a failure shows the whole history.
     """
 
     def __init__(
@@ -336,12 +338,16 @@ class TallyProcess:
         interpreter_args: Sequence[str] = (),
         entry_point: Path = REPO / "operator" / "main.py",
         credentials: Literal["service-account", "kubeconfig"] = "service-account",
+        new_session: bool = False,
     ) -> None:
         """``entry_point``: the file ``kopf run`` loads (a test harness may wrap the operator's).
         ``credentials``: ``"service-account"`` (tally's token under the manifests' RBAC, the
         way it is deployed) or ``"kubeconfig"`` (``kubeconfig``'s own user, as given: tests
-        about RBAC itself only)."""
+        about RBAC itself only). ``new_session``: tally in a session (and process group) of its
+        own, without stdin, so that a Ctrl-C in the terminal reaches only the caller, which
+        stops tally in its own time; :meth:`stop` and :meth:`kill` then signal the group."""
         self.entry_point = entry_point
+        self.new_session = new_session
         self.kubeconfig = kubeconfig
         self.credentials = credentials
         # Between ``python`` and ``-m kopf``: ``-m cProfile -o FILE`` profiles tally (the
@@ -357,6 +363,7 @@ class TallyProcess:
         self.webhook_port = 0
         self.starts = 0
         self._token_kubeconfig: Path | None = None
+        self._webhook_enabled = True
 
     # -- observing
 
@@ -420,10 +427,30 @@ class TallyProcess:
             return True
         return False
 
-    def start(self, timeout: float = START_TIMEOUT_S, *, registered: bool = True) -> None:
-        """Start tally; return once it is live and its webhook configuration points at it
-        (``registered``), or only once its webhook serves (``registered=False``: a replica
-        that is not the leader serves its webhook but registers nothing)."""
+    def live(self) -> bool:
+        """Whether this process's liveness endpoint answers 200."""
+        return bool(self.liveness_url) and self._live(self.liveness_url)
+
+    def prepare(self) -> Path:
+        """The kubeconfig tally runs with. With the ServiceAccount's credentials, the first
+        call grants the manifests' RBAC and writes a token's kubeconfig; later calls (a
+        restart: the soak restarts replicas while the API server may be down) reuse it, as a
+        restarted container keeps its pod's token. :meth:`spawn` calls it; a benchmark that
+        times tally's start from the spawn calls it first."""
+        if self.credentials != "service-account":
+            return self.kubeconfig
+        if self._token_kubeconfig is None:
+            settings = {"TALLY_NAMESPACE": OWN_NAMESPACE, **self.extra_env}
+            grant(self.admin_kubeconfig, self.bin_dir, settings)
+            self._token_kubeconfig = service_account_kubeconfig(
+                self.kubeconfig, self.admin_kubeconfig, self.bin_dir,
+                self.log.parent / f"{self.log.stem}.kubeconfig",
+            )  # fmt: skip
+        return self._token_kubeconfig
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start tally and return at once, without waiting for anything (:meth:`start` waits
+        until it is ready)."""
         if self.running:
             raise OperatorError("tally is already running")
         port = cluster.free_port()
@@ -432,17 +459,7 @@ class TallyProcess:
         metrics_port = cluster.free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         settings = {"TALLY_NAMESPACE": OWN_NAMESPACE, **self.extra_env}
-        kubeconfig = self.kubeconfig
-        if self.credentials == "service-account":
-            # Once per TallyProcess: a restart (the soak restarts replicas while the API server
-            # may be down) reuses the token, as a restarted container keeps its pod's.
-            if self._token_kubeconfig is None:
-                grant(self.admin_kubeconfig, self.bin_dir, settings)
-                self._token_kubeconfig = service_account_kubeconfig(
-                    self.kubeconfig, self.admin_kubeconfig, self.bin_dir,
-                    self.log.parent / f"{self.log.stem}.kubeconfig",
-                )  # fmt: skip
-            kubeconfig = self._token_kubeconfig
+        kubeconfig = self.prepare()
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
@@ -453,6 +470,7 @@ class TallyProcess:
             **settings,
         }
         self.webhook_port = int(env["TALLY_WEBHOOK_PORT"])
+        self._webhook_enabled = env.get("TALLY_WEBHOOK_ENABLED", "true").lower() != "false"
         command = [
             sys.executable, *self.interpreter_args,
             "-m", "kopf", "run", str(self.entry_point),
@@ -462,13 +480,24 @@ class TallyProcess:
         with open(self.log, "ab") as sink:
             sink.write(f"\n===== start #{self.starts + 1} =====\n".encode())
             sink.flush()
-            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=sink, stderr=sink,
+                stdin=subprocess.DEVNULL if self.new_session else None,
+                start_new_session=self.new_session,
+            )  # fmt: skip
         self.starts += 1
+        return self.process
+
+    def start(self, timeout: float = START_TIMEOUT_S, *, registered: bool = True) -> None:
+        """Start tally; return once it is live and its webhook configuration points at it
+        (``registered``), or only once its webhook serves (``registered=False``: a replica
+        that is not the leader serves its webhook but registers nothing)."""
+        self.spawn()
         deadline = time.monotonic() + timeout
-        while not self._live(liveness_url):
+        while not self.live():
             self._check_alive_before(deadline, "its liveness endpoint never answered")
             time.sleep(0.2)
-        if env.get("TALLY_WEBHOOK_ENABLED", "true").lower() == "false":
+        if not self._webhook_enabled:
             return  # no webhook to wait for: live is all there is
         if not registered:
             while not self.webhook_listening():
@@ -505,11 +534,11 @@ class TallyProcess:
         if process is None:
             return 0
         if process.poll() is None:
-            process.send_signal(signal.SIGINT)
+            self._signal(signal.SIGINT)
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                process.kill()
+                self._signal(signal.SIGKILL)
                 process.wait()
                 raise OperatorError(
                     f"tally did not stop within {timeout} s of SIGINT:\n{self.log_text()}"
@@ -520,9 +549,18 @@ class TallyProcess:
         """Stop whatever runs, without waiting politely (for cleanup after a failure)."""
         process = self.process
         if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)
+            self._signal(signal.SIGINT)
             try:
                 process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                process.kill()
+                self._signal(signal.SIGKILL)
                 process.wait()
+
+    def _signal(self, signum: signal.Signals) -> None:
+        """``signum`` to tally, or with ``new_session`` to its whole process group."""
+        assert self.process is not None
+        if not self.new_session:
+            self.process.send_signal(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
