@@ -37,10 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +49,6 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from _common import (
-    REPO,
     Figure,
     Raw,
     api_client,
@@ -63,6 +59,7 @@ from _common import (
     machine,
     memory_of,
     mib,
+    operator_process,
     write_results,
 )
 from tally.quota.quantity import Quantity, parse_quantity
@@ -353,43 +350,11 @@ async def run_reference(state: cluster.State, data: Input, concurrency: int) -> 
         await api.close()
 
 
-class Tally:
-    """tally as a subprocess, as ``tests/e2e/operator_process.TallyProcess`` starts it, but
-    observed from asyncio: the benchmark needs the moments of each start-up step."""
-
-    def __init__(self, kubeconfig: str, log: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.liveness_url = f"http://127.0.0.1:{cluster.free_port()}/healthz"
-        self.metrics_url = f"http://127.0.0.1:{cluster.free_port()}/metrics"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> int:
-        env = {
-            **os.environ,
-            "KUBECONFIG": self.kubeconfig,
-            "TALLY_METRICS_ADDR": "127.0.0.1",
-            "TALLY_METRICS_PORT": self.metrics_url.rsplit(":", 1)[1].split("/")[0],
-            "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
-        }
-        command = [
-            sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
-            "--all-namespaces", "--standalone", f"--liveness={self.liveness_url}",
-        ]  # fmt: skip
-        with open(self.log, "ab") as sink:
-            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def live(self) -> bool:
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(self.liveness_url, timeout=1) as response,
-        ):
-            return bool(response.status == 200)
-        return False
+class Tally(operator_process.TallyProcess):
+    """tally as the e2e tests start it (``TallyProcess``: under its ServiceAccount's token and
+    the manifests' RBAC, as deployed), observed from asyncio: the benchmark needs the moments
+    of each start-up step, timed from the spawn (:meth:`spawn`, once :meth:`prepare` has
+    granted the roles and made the token)."""
 
     def log_has(self, pattern: str) -> bool:
         try:
@@ -408,17 +373,6 @@ class Tally:
             )
         return "?"
 
-    def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
 
 async def run_operator(
     state: cluster.State, data: Input, concurrency: int, tally: Tally, settle_s: float
@@ -433,8 +387,9 @@ async def run_operator(
             raise RuntimeError("quotas are correct before tally started: nothing to measure")
         result = OperatorResult(steps)
         print("starting tally ...", file=sys.stderr, flush=True)
+        await asyncio.to_thread(tally.prepare)  # the roles and the token: before the clock
         started = time.perf_counter()
-        pid = tally.start()
+        pid = tally.spawn().pid
         watcher = asyncio.create_task(_observe_startup(tally, raw, pid, started, result))
         try:
             result.convergence_s = await wait_converged(raw, expected, started, "tally")
@@ -449,7 +404,7 @@ async def run_operator(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        if not tally.alive():
+        if not tally.running:
             raise RuntimeError(f"tally exited during the run; log: {tally.log}")
         result.rss, result.peak = memory_of(pid)
         result.cpu_total_s = cpu_seconds(pid)
@@ -473,7 +428,7 @@ async def _observe_startup(
     """Record when each start-up step became visible, and sample CPU and memory."""
     while True:
         now = time.perf_counter() - started
-        if not tally.alive():
+        if not tally.running:
             return
         with contextlib.suppress(OSError, KeyError):
             result.samples.append((now, cpu_seconds(pid), memory_of(pid)[0]))
@@ -492,7 +447,7 @@ async def _wait_quiet(tally: Tally, pid: int, started: float, result: OperatorRe
     """Until tally used < QUIET_CPU_FRACTION of a core over QUIET_WINDOW_S (at most
     QUIET_LIMIT_S more) and its webhook is registered."""
     limit = time.perf_counter() + QUIET_LIMIT_S
-    while time.perf_counter() < limit and tally.alive():
+    while time.perf_counter() < limit and tally.running:
         before = cpu_seconds(pid)
         await asyncio.sleep(QUIET_WINDOW_S)
         used = cpu_seconds(pid) - before
@@ -574,12 +529,12 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
 
 
 @contextlib.contextmanager
-def tally_in(directory: Path, kubeconfig: str) -> Iterator[Tally]:
-    tally = Tally(kubeconfig, directory / "tally.log")
+def tally_in(directory: Path, state: cluster.State) -> Iterator[Tally]:
+    tally = Tally(Path(state.kubeconfig), directory / "tally.log", bin_dir=Path(state.bin_dir))
     try:
         yield tally
     finally:
-        tally.stop()
+        tally.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory() as scratch,
         control_plane("operator") as operator,
-        tally_in(Path(scratch), operator.kubeconfig) as tally,
+        tally_in(Path(scratch), operator) as tally,
     ):
         try:
             result = asyncio.run(run_operator(operator, data, args.concurrency, tally, args.settle))
