@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,7 +47,6 @@ import cluster
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 import operator_process
 
-REPO = cluster.HACK_DIR.parent
 MODES = ("operator", "reference")
 FOCUS = "ResourceQuota"
 SKIP = r"\[Serial\]|\[Slow\]|\[Disruptive\]"
@@ -60,10 +58,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 # cost little CPU. Upstream's own CI runs this suite with ginkgo -p the same way.
 DEFAULT_PROCS = 4
 OPERATOR_START_TIMEOUT_S = 120.0
-STOP_GRACE_S = 20.0
-WEBHOOK_CONFIGURATION = (
-    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/tally.dev"
-)
 PASSED = "passed"
 
 
@@ -164,60 +158,26 @@ def _stop_group(process: subprocess.Popen[bytes], first: signal.Signals, grace: 
 
 
 @contextlib.contextmanager
-def running_tally(state: cluster.State, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """tally against ``state``'s control plane as the e2e tests start it (as deployed: its
-    ServiceAccount's token under the RBAC of ``manifests/``, its namespace ``tally-system``,
-    mutual TLS with the API server); yields once its liveness endpoint answers and its webhook
-    configuration is registered."""
-    admin = Path(state.kubeconfig)
-    settings = {"TALLY_NAMESPACE": operator_process.OWN_NAMESPACE}
-    operator_process.grant(admin, Path(state.bin_dir), settings)
-    kubeconfig = operator_process.service_account_kubeconfig(
-        admin, admin, Path(state.bin_dir), log.with_suffix(".kubeconfig")
+def running_tally(state: cluster.State, log: Path) -> Iterator[operator_process.TallyProcess]:
+    """tally against ``state``'s control plane as the e2e tests start it
+    (``operator_process.TallyProcess``: as deployed, its ServiceAccount's token under the RBAC
+    of ``manifests/``, its namespace ``tally-system``, mutual TLS with the API server), in a
+    session of its own; yields once its liveness endpoint answers and its webhook configuration
+    points at it."""
+    tally = operator_process.TallyProcess(
+        Path(state.kubeconfig), log, bin_dir=Path(state.bin_dir), new_session=True
     )
-    liveness = f"http://127.0.0.1:{cluster.free_port()}/healthz"
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
-        "TALLY_METRICS_ADDR": "127.0.0.1",
-        "TALLY_METRICS_PORT": str(cluster.free_port()),
-        **operator_process.mutual_tls_env(admin),
-        **settings,
-    }
-    command = [
-        sys.executable, "-m", "kopf", "run", str(REPO / "operator" / "main.py"),
-        "--all-namespaces", "--standalone", f"--liveness={liveness}",
-    ]  # fmt: skip
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
     try:
-        deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
-        ready = False
-        while not ready:
-            if process.poll() is not None:
-                raise ConformanceError(f"tally exited with {process.returncode} (log: {log})")
-            if time.monotonic() > deadline:
-                raise ConformanceError(
-                    f"tally did not register its webhook within {OPERATOR_START_TIMEOUT_S:.0f} s "
-                    f"(log: {log})"
-                )
-            with contextlib.suppress(OSError), urllib.request.urlopen(liveness, timeout=2) as r:
-                ready = r.status == 200 and cluster.api_get(state, WEBHOOK_CONFIGURATION)[0] == 200
-            if not ready:
-                time.sleep(0.2)
-        yield process
+        try:
+            tally.start(OPERATOR_START_TIMEOUT_S)
+        except operator_process.OperatorError as error:
+            first = str(error).splitlines()[0].rstrip(":")
+            raise ConformanceError(f"{first} (log: {log})") from None
+        yield tally
     finally:
-        # SIGINT: Kopf's graceful exit, which removes the webhook configuration.
-        _stop_group(process, signal.SIGINT, STOP_GRACE_S)
+        # SIGINT to its group: Kopf's graceful exit, which removes the webhook configuration;
+        # SIGKILL after operator_process.STOP_TIMEOUT_S (20 s).
+        tally.kill()
 
 
 def e2e_command(
@@ -279,7 +239,7 @@ def run_mode(
         _say(f"{mode}: starting a control plane in {directory / 'cluster'}")
         with contextlib.ExitStack() as stack:
             state = stack.enter_context(cluster.running(directory / "cluster", mode))
-            tally: subprocess.Popen[bytes] | None = None
+            tally: operator_process.TallyProcess | None = None
             if mode == "operator":
                 tally = stack.enter_context(running_tally(state, directory / "tally.log"))
                 _say(f"{mode}: tally is up (log: {directory / 'tally.log'})")
@@ -312,10 +272,10 @@ def run_mode(
             finally:
                 _stop_group(process, signal.SIGTERM, 10)
             result.exit_code = process.returncode
-            if tally is not None and tally.poll() is not None:
+            exited = None if tally is None or tally.process is None else tally.process.poll()
+            if exited is not None:
                 result.error = (
-                    f"tally exited with {tally.returncode} during the run "
-                    f"(log: {directory / 'tally.log'})"
+                    f"tally exited with {exited} during the run (log: {directory / 'tally.log'})"
                 )
             junit = report_dir / "junit_01.xml"
             if junit.exists():
