@@ -92,10 +92,10 @@ def object_meta(
 def owner_reference(
     kind: str,
     name: str,
+    controller: bool | None = None,
     *,
     api_version: str = "v1",
     uid: str = "u",
-    controller: bool | None = None,
 ) -> Obj:
     """An ``ownerReferences`` entry; ``controller`` only when given."""
     ref: Obj = {"kind": kind, "name": name, "apiVersion": api_version, "uid": uid}
@@ -159,7 +159,7 @@ def pod(
     node_name: str | None = None,
     volumes: Sequence[Mapping[str, Any]] | None = None,
     spec: Mapping[str, Any] | None = None,
-    with_spec: bool = True,
+    bare: bool = False,
     phase: str | None = None,
     conditions: Sequence[Mapping[str, Any]] | None = None,
     container_statuses: Sequence[Mapping[str, Any]] | None = None,
@@ -170,8 +170,9 @@ def pod(
 
     Its containers are ``containers`` when given (``[]`` too), else one
     :func:`container` named ``container_name`` with ``image``, ``requests``, ``limits`` and
-    ``resources``. ``init`` is ``spec.initContainers``. ``with_spec=False`` leaves the whole
-    ``spec`` out (a pod as a cache or a lister sees it, where only metadata matters).
+    ``resources``. ``init`` is ``spec.initContainers``. A ``bare`` pod has no default
+    container: its ``spec`` holds only the fields given, and is left out when none is (a pod as
+    a store or a lister sees it, where only the metadata matters).
     ``status`` is there when ``phase``, ``conditions``, ``container_statuses`` or ``status``
     is given. ``with_kind`` adds ``apiVersion`` and ``kind``.
     """
@@ -191,20 +192,20 @@ def pod(
         deletion_grace_period_seconds=deletion_grace_period_seconds,
         extra=metadata,
     )
-    if with_spec:
-        pod_spec: Obj = {}
-        _put(pod_spec, "volumes", None if volumes is None else [dict(v) for v in volumes])
-        if containers is None:
-            pod_spec["containers"] = [
-                container(container_name, requests, limits, image=image, resources=resources)
-            ]
-        else:
-            pod_spec["containers"] = [dict(c) for c in containers]
-        _put(pod_spec, "initContainers", None if init is None else [dict(c) for c in init])
-        _put(pod_spec, "nodeName", node_name)
-        _put(pod_spec, "priorityClassName", priority_class_name)
-        _put(pod_spec, "activeDeadlineSeconds", active_deadline_seconds)
-        pod_spec.update(spec or {})
+    pod_spec: Obj = {}
+    _put(pod_spec, "volumes", None if volumes is None else [dict(v) for v in volumes])
+    if containers is not None:
+        pod_spec["containers"] = [dict(c) for c in containers]
+    elif not bare:
+        pod_spec["containers"] = [
+            container(container_name, requests, limits, image=image, resources=resources)
+        ]
+    _put(pod_spec, "initContainers", None if init is None else [dict(c) for c in init])
+    _put(pod_spec, "nodeName", node_name)
+    _put(pod_spec, "priorityClassName", priority_class_name)
+    _put(pod_spec, "activeDeadlineSeconds", active_deadline_seconds)
+    pod_spec.update(spec or {})
+    if pod_spec or not bare:
         body["spec"] = pod_spec
     pod_status: Obj = {}
     _put(pod_status, "phase", phase)

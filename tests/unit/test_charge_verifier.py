@@ -9,6 +9,7 @@ mean is tested in ``test_charges.py``.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+import builders
 from tally.charges import (
     Answer,
     Charge,
@@ -63,9 +65,8 @@ class FakeGet:
         return self.answer
 
 
-def pod(name: str, uid: str, resource_version: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "a", "uid": uid,
-                         "resourceVersion": resource_version}}  # fmt: skip
+# Pods as the API lists them here: metadata only.
+pod = functools.partial(builders.pod, namespace="a", bare=True)
 
 
 def versions(gr: GroupResource) -> str | None:
@@ -96,8 +97,10 @@ async def test_the_question_is_a_list_of_the_namespace_by_name(
     stores: dict[GroupResource, Store[Any]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    stores[PODS].upsert(pod("p", "u1", "6"))  # the caches are one write behind
-    get = use(monkeypatch, FakeGet({"items": [pod("p", "u1", "7")], "metadata": {}}))
+    stores[PODS].upsert(pod("p", uid="u1", resource_version="6"))  # the caches are one write behind
+    get = use(
+        monkeypatch, FakeGet({"items": [pod("p", uid="u1", resource_version="7")], "metadata": {}})
+    )
 
     answer = await verifier.ask(ObjectRef(PODS, "a", "p"))
 
@@ -121,7 +124,7 @@ async def test_a_custom_resource_is_listed_at_its_version(
 async def test_a_kind_no_longer_watched_is_not_stored_unasked(
     verifier: KubeChargeVerifier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    get = use(monkeypatch, FakeGet({"items": [pod("w", "u1", "7")]}))
+    get = use(monkeypatch, FakeGet({"items": [pod("w", uid="u1", resource_version="7")]}))
     assert Listed(None) == await verifier.ask(ObjectRef(WIDGETS, "a", "w"))
     assert [] == get.calls
 
@@ -177,7 +180,7 @@ class Answers:
 async def test_verify_answers_once_per_charge(
     verifier: KubeChargeVerifier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    get = use(monkeypatch, FakeGet({"items": [pod("p", "u-p", "7")]}))
+    get = use(monkeypatch, FakeGet({"items": [pod("p", uid="u-p", resource_version="7")]}))
     ledger = ChargeLedger(TIMEOUT)
     amounts = {("a", "q"): {"pods": Quantity.parse("1")}}
     charges = [
@@ -198,11 +201,13 @@ async def test_verify_answers_once_per_charge(
 @pytest.mark.parametrize(
     ("page", "found"),
     [
-        pytest.param({"items": [pod("p", "u1", "7")]}, ObjectVersion("u1", "7"), id="found"),
+        pytest.param({"items": [pod("p", uid="u1", resource_version="7")]},
+                     ObjectVersion("u1", "7"), id="found"),
         pytest.param({"items": []}, None, id="none"),
         pytest.param({"metadata": {}}, None, id="no items at all"),
-        pytest.param({"items": [pod("other", "u2", "3")]}, None, id="only another name"),
-        pytest.param({"items": [{"kind": "Pod"}, pod("p", "u1", "7")]},
+        pytest.param({"items": [pod("other", uid="u2", resource_version="3")]}, None,
+                     id="only another name"),
+        pytest.param({"items": [{"kind": "Pod"}, pod("p", uid="u1", resource_version="7")]},
                      ObjectVersion("u1", "7"), id="an item without metadata skipped"),
     ],
 )  # fmt: skip

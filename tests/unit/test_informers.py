@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+import builders
 from tally.machinery.cache import Change, ChangeKind, Store
 from tally.machinery.informers import Informer
 
 pytestmark = pytest.mark.unit
 
 
-def pod(name: str, rv: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "a", "uid": f"u-{name}", "resourceVersion": rv}}
+# Pods as a store holds them: metadata only.
+pod = functools.partial(builders.pod, namespace="a", uid="u-{name}", bare=True)
 
 
 def project(o: Any) -> str:
@@ -29,17 +31,17 @@ async def test_sync_dispatches_each_page_before_the_next_is_listed() -> None:
     async def lister() -> AsyncIterator[list[dict[str, Any]]]:
         nonlocal pages_listed
         pages_listed += 1
-        yield [pod("p", "1")]
+        yield [pod("p", resource_version="1")]
         # The first page's change was handled before the second page is asked for.
         assert seen == [("p@1", ChangeKind.ADDED)]
         # A watch event between pages: newer than the LIST, so the second page's q@1 loses.
         assert informer is not None
-        informer.on_event("ADDED", pod("q", "9"))
+        informer.on_event("ADDED", pod("q", resource_version="9"))
         pages_listed += 1
-        yield [pod("q", "1")]
+        yield [pod("q", resource_version="1")]
 
     store: Store[str] = Store(project)
-    store.upsert(pod("ghost", "1"))
+    store.upsert(pod("ghost", resource_version="1"))
     informer = Informer("pods", store, lister)
     informer.add_handler(lambda change: seen.append((str(change.new or change.old), change.kind)))
     changes = await informer.sync()
@@ -65,7 +67,7 @@ async def test_two_informers_fed_from_one_list() -> None:
     first = Informer("a", Store(project), never)
     second = Informer("b", Store(lambda o: o["metadata"]["name"]), never)
     syncs = first.begin_sync(), second.begin_sync()
-    for page in ([pod("p", "1")], [pod("q", "2")]):
+    for page in ([pod("p", resource_version="1")], [pod("q", resource_version="2")]):
         for sync in syncs:
             sync.add(page)
     for sync in syncs:
@@ -78,11 +80,11 @@ async def test_two_informers_fed_from_one_list() -> None:
 
 async def test_a_list_failing_mid_way_keeps_its_pages_and_does_not_sync() -> None:
     async def failing() -> AsyncIterator[list[dict[str, Any]]]:
-        yield [pod("p", "1")]
+        yield [pod("p", resource_version="1")]
         raise ConnectionError("the API server went away")
 
     store: Store[str] = Store(project)
-    store.upsert(pod("maybe-ghost", "1"))
+    store.upsert(pod("maybe-ghost", resource_version="1"))
     informer = Informer("pods", store, failing)
     with pytest.raises(ConnectionError):
         await informer.sync()
@@ -102,13 +104,20 @@ async def test_a_kopf_relist_after_the_first_sync_reconciles_and_tells_the_owner
     # Kopf's re-list (events of type None) never reports what was deleted during the gap: the
     # informer LISTs itself, and the ghost goes.
     store: Store[str] = Store(project)
-    informer = Informer("pods", store, _listing(pod("p", "2")), relist_debounce=0.01,
-                        min_relist_interval=0.0)  # fmt: skip
+    informer = Informer(
+        "pods",
+        store,
+        _listing(pod("p", resource_version="2")),
+        relist_debounce=0.01,
+        min_relist_interval=0.0,
+    )
     gaps: list[str] = []
     informer.on_gap = lambda: gaps.append("gap")
-    store.replace([pod("p", "1"), pod("ghost", "1")], started_at=0)
-    informer.on_event(None, pod("p", "2"))
-    informer.on_event(None, pod("p", "2"))  # the same re-list: one gap, one LIST
+    store.replace(
+        [pod("p", resource_version="1"), pod("ghost", resource_version="1")], started_at=0
+    )
+    informer.on_event(None, pod("p", resource_version="2"))
+    informer.on_event(None, pod("p", resource_version="2"))  # the same re-list: one gap, one LIST
     assert ["gap"] == gaps
     assert informer._relist_task is not None
     await informer._relist_task
@@ -119,15 +128,21 @@ async def test_an_emptied_kind_relists_when_told_of_another_kinds_gap() -> None:
     # Every secret was deleted during the gap: Kopf's re-list of secrets delivers nothing.
     # Only the owner, told of the pods' gap, can have the secrets re-listed.
     secrets_store: Store[str] = Store(project)
-    secrets_store.replace([pod("s", "1")], started_at=0)
-    secrets = Informer("secrets", secrets_store, _listing(), relist_debounce=0.01,
-                       min_relist_interval=0.0)  # fmt: skip
+    secrets_store.replace([pod("s", resource_version="1")], started_at=0)
+    secrets = Informer(
+        "secrets", secrets_store, _listing(), relist_debounce=0.01, min_relist_interval=0.0
+    )
     pods_store: Store[str] = Store(project)
-    pods_store.replace([pod("p", "1")], started_at=0)
-    pods = Informer("pods", pods_store, _listing(pod("p", "1")), relist_debounce=0.01,
-                    min_relist_interval=0.0)  # fmt: skip
+    pods_store.replace([pod("p", resource_version="1")], started_at=0)
+    pods = Informer(
+        "pods",
+        pods_store,
+        _listing(pod("p", resource_version="1")),
+        relist_debounce=0.01,
+        min_relist_interval=0.0,
+    )
     pods.on_gap = secrets.schedule_relist
-    pods.on_event(None, pod("p", "1"))
+    pods.on_event(None, pod("p", resource_version="1"))
     assert secrets._relist_task is not None
     await secrets._relist_task
     assert (1, []) == (secrets.relists, secrets_store.names_in("a"))
@@ -139,5 +154,7 @@ async def test_events_before_the_first_sync_schedule_no_relist() -> None:
     informer = Informer("pods", store, _listing())
     gaps: list[str] = []
     informer.on_gap = lambda: gaps.append("gap")
-    informer.on_event(None, pod("p", "1"))  # Kopf's first listing, before tally's own LIST
+    informer.on_event(
+        None, pod("p", resource_version="1")
+    )  # Kopf's first listing, before tally's own LIST
     assert ([], None) == (gaps, informer._relist_task)

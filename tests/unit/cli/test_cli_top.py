@@ -6,10 +6,12 @@ largest init container if larger, overhead added) and PodSet measures (template 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
+import builders
 from tally.cli.main import registry
 from tally.cli.top import Owner, evaluators_for, owner_of, rank
 from tally.evaluators.base import GroupResource
@@ -22,38 +24,30 @@ def q(text: str) -> Quantity:
     return Quantity.parse(text)
 
 
-def pod(
-    name: str, *cpus: str, owner: list[dict[str, Any]] | None = None, **spec: Any
-) -> dict[str, Any]:
-    containers = [
-        {"name": f"c{i}", "image": "x", "resources": {"requests": {"cpu": cpu}}}
-        for i, cpu in enumerate(cpus)
-    ]
-    metadata: dict[str, Any] = {"name": name, "namespace": "a"}
-    if owner is not None:
-        metadata["ownerReferences"] = owner
-    return {"metadata": metadata, "spec": {"containers": containers, **spec}}
+# Pods of namespace a, with no container unless given.
+pod = functools.partial(builders.pod, namespace="a", containers=[])
+ref = builders.owner_reference
 
 
-def ref(kind: str, name: str, controller: bool | None = None) -> dict[str, Any]:
-    return {"kind": kind, "name": name, "apiVersion": "v1", "uid": "u",
-            **({} if controller is None else {"controller": controller})}  # fmt: skip
+def cpus(*requests: str) -> list[dict[str, Any]]:
+    """Containers c0, c1, ... requesting these cpus."""
+    return [builders.container(f"c{i}", {"cpu": cpu}, image="x") for i, cpu in enumerate(requests)]
 
 
 @pytest.mark.parametrize(
     ("obj", "owner"),
     [
         pytest.param(pod("p"), None, id="no-owner"),
-        pytest.param(pod("p", owner=[ref("PodSet", "web", True)]), Owner("PodSet", "web"),
-                     id="controller"),
+        pytest.param(pod("p", owner_references=[ref("PodSet", "web", True)]),
+                     Owner("PodSet", "web"), id="controller"),
         pytest.param(
-            pod("p", owner=[ref("ConfigMap", "c"), ref("Job", "nightly", True)]),
+            pod("p", owner_references=[ref("ConfigMap", "c"), ref("Job", "nightly", True)]),
             Owner("Job", "nightly"),
             id="the-controller-among-several",
         ),
-        pytest.param(pod("p", owner=[ref("ReplicaSet", "rs", False)]), Owner("ReplicaSet", "rs"),
-                     id="no-controller-the-first"),
-        pytest.param(pod("p", owner=[{"kind": "", "name": "x"}]), None, id="malformed"),
+        pytest.param(pod("p", owner_references=[ref("ReplicaSet", "rs", False)]),
+                     Owner("ReplicaSet", "rs"), id="no-controller-the-first"),
+        pytest.param(pod("p", owner_references=[{"kind": "", "name": "x"}]), None, id="malformed"),
     ],
 )  # fmt: skip
 def test_owner_of(obj: dict[str, Any], owner: Owner | None) -> None:
@@ -81,17 +75,18 @@ def test_evaluators_for(resource: str, measured_by: list[GroupResource]) -> None
 def test_rank_orders_by_the_evaluators_figures_and_leaves_out_what_uses_nothing() -> None:
     evaluator = registry().get(GroupResource("", "pods"))
     assert evaluator is not None
-    finished = {**pod("done", "4"), "status": {"phase": "Succeeded"}}
+    finished = pod("done", containers=cpus("4"), phase="Succeeded")
     objects = [
-        pod("small", "100m"),
-        pod("two-containers", "250m", "250m", owner=[ref("ReplicaSet", "web-1", True)]),
+        pod("small", containers=cpus("100m")),
+        pod("two-containers", containers=cpus("250m", "250m"),
+            owner_references=[ref("ReplicaSet", "web-1", True)]),
         # Init containers run before the others: the pod needs the larger of 1 and 300m.
-        pod("init", "300m", initContainers=[
+        pod("init", containers=cpus("300m"), init=[
             {"name": "i", "image": "x", "resources": {"requests": {"cpu": "1"}}}]),
-        pod("overhead", "200m", overhead={"cpu": "50m"}),
+        pod("overhead", containers=cpus("200m"), spec={"overhead": {"cpu": "50m"}}),
         pod("none"),
         finished,
-        pod("tie-a", "250m"),
+        pod("tie-a", containers=cpus("250m")),
     ]  # fmt: skip
     report = rank("a", "requests.cpu", [("Pod", evaluator, objects)], limit=3)
     # overhead and tie-a both use 250m: a tie goes by name.
@@ -110,7 +105,7 @@ def test_rank_a_podset_by_its_template_times_its_replicas() -> None:
     assert evaluator is not None
     podset = {
         "metadata": {"name": "web", "namespace": "a"},
-        "spec": {"replicas": 4, "template": {"spec": pod("t", "250m")["spec"]}},
+        "spec": {"replicas": 4, "template": {"spec": pod("t", containers=cpus("250m"))["spec"]}},
     }
     report = rank("a", "podsets.tally.dev/requests.cpu", [("PodSet", evaluator, [podset])], None)
     assert [("PodSet", "web", q("1"))] == [(r.kind, r.name, r.usage) for r in report.rows]
@@ -120,7 +115,9 @@ def test_rank_reports_an_object_it_cannot_measure() -> None:
     evaluator = registry().get(GroupResource("", "pods"))
     assert evaluator is not None
     broken = {"metadata": {"name": "bad"}, "spec": {"containers": "no"}}
-    report = rank("a", "requests.cpu", [("Pod", evaluator, [broken, pod("ok", "1")])], None)
+    report = rank(
+        "a", "requests.cpu", [("Pod", evaluator, [broken, pod("ok", containers=cpus("1"))])], None
+    )
     assert ["ok"] == [row.name for row in report.rows]
     assert 1 == len(report.unmeasured)
     assert report.unmeasured[0].startswith("Pod bad: spec.containers")

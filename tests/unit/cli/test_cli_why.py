@@ -8,10 +8,12 @@ upstream's (and tally's webhook's, which words them the same).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
+import builders
 from tally.cli.main import registry
 from tally.cli.why import (
     Charge,
@@ -34,25 +36,11 @@ def q(text: str) -> Quantity:
     return Quantity.parse(text)
 
 
-def pod(cpu: str | None, limits: dict[str, str] | None = None) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if cpu is not None:
-        resources["requests"] = {"cpu": cpu}
-    if limits is not None:
-        resources["limits"] = limits
-    container = {"name": "a", "image": "x", "resources": resources}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
-            "spec": {"containers": [container]}}  # fmt: skip
-
-
-def quota(
-    name: str, hard: dict[str, str], used: dict[str, str] | None, **spec: Any
-) -> dict[str, Any]:
-    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": "a"},
-                           "spec": {"hard": hard, **spec}}  # fmt: skip
-    if used is not None:
-        obj["status"] = {"hard": hard, "used": used}
-    return obj
+# The pod a/p (its requests given) and quotas of namespace a.
+pod = functools.partial(
+    builders.pod, "p", namespace="a", image="x", resources="always", with_kind=True
+)
+quota = functools.partial(builders.resource_quota, namespace="a")
 
 
 PODS = registry().get(GroupResource("", "pods"))
@@ -64,7 +52,7 @@ def why(obj: dict[str, Any], *refs: QuotaRef) -> Any:
 
 def test_charges_each_quota_the_names_it_tracks() -> None:
     rq = quota("demo", {"pods": "5", "requests.cpu": "1"}, {"pods": "3", "requests.cpu": "300m"})
-    explanation = why(pod("500m"), QuotaRef("ResourceQuota", "demo", rq))
+    explanation = why(pod({"cpu": "500m"}), QuotaRef("ResourceQuota", "demo", rq))
     assert {"count/pods": q("1"), "cpu": q("500m"), "pods": q("1"),
             "requests.cpu": q("500m")} == explanation.usage  # fmt: skip
     (verdict,) = explanation.quotas
@@ -80,7 +68,7 @@ def test_charges_each_quota_the_names_it_tracks() -> None:
 
 def test_over_the_limit_by_how_much() -> None:
     rq = quota("demo", {"requests.cpu": "1"}, {"requests.cpu": "300m"})
-    (verdict,) = why(pod("900m"), QuotaRef("ResourceQuota", "demo", rq)).quotas
+    (verdict,) = why(pod({"cpu": "900m"}), QuotaRef("ResourceQuota", "demo", rq)).quotas
     (charge,) = verdict.charges
     assert q("200m") == charge.over_by
     assert not verdict.fits
@@ -95,7 +83,9 @@ def test_a_cluster_quota_is_judged_on_its_total() -> None:
             "namespaces": [{"namespace": "b", "status": {"used": {"pods": "4"}}}],
         },
     }
-    (verdict,) = why(pod("1"), QuotaRef("ClusterQuota", "team", as_resource_quota(cq, "a"))).quotas
+    (verdict,) = why(
+        pod({"cpu": "1"}), QuotaRef("ClusterQuota", "team", as_resource_quota(cq, "a"))
+    ).quotas
     assert "ClusterQuota" == verdict.kind
     # a uses nothing itself; the total (b's 4 pods) is what the limit is on.
     assert (Charge("pods", q("1"), q("4"), q("4")),) == verdict.charges
@@ -105,11 +95,11 @@ def test_a_cluster_quota_is_judged_on_its_total() -> None:
 @pytest.mark.parametrize(
     ("obj", "scopes", "applies", "matched"),
     [
-        pytest.param(pod("1"), ["NotBestEffort"], True, [("NotBestEffort", True)],
+        pytest.param(pod({"cpu": "1"}), ["NotBestEffort"], True, [("NotBestEffort", True)],
                      id="burstable-in-not-best-effort"),
-        pytest.param(pod(None), ["NotBestEffort"], False, [("NotBestEffort", False)],
+        pytest.param(pod(), ["NotBestEffort"], False, [("NotBestEffort", False)],
                      id="best-effort-outside-not-best-effort"),
-        pytest.param(pod(None), ["BestEffort", "NotTerminating"], True,
+        pytest.param(pod(), ["BestEffort", "NotTerminating"], True,
                      [("BestEffort", True), ("NotTerminating", True)], id="all-match"),
     ],
 )  # fmt: skip
@@ -127,7 +117,7 @@ def test_a_quota_applies_only_when_every_scope_matches(
 
 def test_a_constraint_refuses_a_pod_without_the_tracked_request() -> None:
     rq = quota("demo", {"pods": "5", "requests.cpu": "1"}, {"pods": "0", "requests.cpu": "0"})
-    (verdict,) = why(pod(None), QuotaRef("ResourceQuota", "demo", rq)).quotas
+    (verdict,) = why(pod(), QuotaRef("ResourceQuota", "demo", rq)).quotas
     # Upstream's words (pods_test.go TestPodEvaluatorConstraints).
     assert "must specify requests.cpu for: a" == verdict.failed
     assert not verdict.fits
@@ -135,7 +125,7 @@ def test_a_constraint_refuses_a_pod_without_the_tracked_request() -> None:
 
 def test_a_tracked_name_without_a_written_use_refuses() -> None:
     rq = quota("demo", {"pods": "5", "requests.cpu": "1"}, {"pods": "0"})
-    (verdict,) = why(pod("1"), QuotaRef("ResourceQuota", "demo", rq)).quotas
+    (verdict,) = why(pod({"cpu": "1"}), QuotaRef("ResourceQuota", "demo", rq)).quotas
     assert ("requests.cpu",) == verdict.unknown
     assert not verdict.fits
 
@@ -144,7 +134,9 @@ def test_quotas_that_track_nothing_it_uses_are_left_out_and_new_ones_said_so() -
     services = quota("svc", {"services": "1"}, {"services": "0"})
     new = quota("new", {"pods": "1"}, None)
     verdicts = why(
-        pod("1"), QuotaRef("ResourceQuota", "svc", services), QuotaRef("ResourceQuota", "new", new)
+        pod({"cpu": "1"}),
+        QuotaRef("ResourceQuota", "svc", services),
+        QuotaRef("ResourceQuota", "new", new),
     ).quotas
     assert ["new"] == [v.name for v in verdicts]
     assert not verdicts[0].applies

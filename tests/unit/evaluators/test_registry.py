@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
+import builders
 from tally.evaluators import (
     GroupResource,
     ObjectCountEvaluator,
@@ -104,23 +106,19 @@ def test_group_resource_for_count_name(name: str, expected: GroupResource | None
     assert group_resource_for_count_name(name) == expected
 
 
-def pod(cpu: str, phase: str = "Running", **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ns"},
-        "spec": {
-            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
-            **spec,
-        },
-        "status": {"phase": phase},
-    }
-
-
-def resource_quota(hard: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "q"}, "spec": {"hard": hard, **spec}}
+# The Running pod ns/p (its requests given) and the quota q (its spec.hard given).
+pod = functools.partial(
+    builders.pod, "p", namespace="ns", container_name="c", image=None, phase="Running"
+)
+resource_quota = functools.partial(builders.resource_quota, "q")
 
 
 OBJECTS: dict[GroupResource, list[dict[str, Any]]] = {
-    PODS: [pod("1"), pod("500m", activeDeadlineSeconds=10), pod("2", phase="Succeeded")],
+    PODS: [
+        pod({"cpu": "1"}),
+        pod({"cpu": "500m"}, active_deadline_seconds=10),
+        pod({"cpu": "2"}, phase="Succeeded"),
+    ],
     SERVICES: [{"spec": {"type": "NodePort", "ports": [{"port": 80}]}}],
     SECRETS: [{}, {}],
     DEPLOYMENTS: [{}, {}, {}],
@@ -179,7 +177,10 @@ def test_calculate_usage_accepts_projections() -> None:
 
 def test_calculate_usage_keeps_what_it_could_compute() -> None:
     # CalculateUsage: a failing evaluator's names are dropped, the others are kept
-    objects: dict[GroupResource, list[dict[str, Any]]] = {PODS: [pod("lots")], SECRETS: [{}]}
+    objects: dict[GroupResource, list[dict[str, Any]]] = {
+        PODS: [pod({"cpu": "lots"})],
+        SECRETS: [{}],
+    }
     with pytest.raises(UsageError) as info:
         calculate_usage(objects, ["pods", "secrets"])
     assert quota.to_strings(info.value.usage) == {"secrets": "1"}

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.podset import claim, podutil
 
 pytestmark = pytest.mark.unit
@@ -40,19 +41,18 @@ def _owner(
     return {"apiVersion": "tally.dev/v1alpha1", "kind": "PodSet", "metadata": meta}
 
 
-def _pod(
+def _new_pod(
     name: str, labels: Mapping[str, str], owner: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Upstream's ``newPod``: an owner, if given, is the pod's controller (NewControllerRef)."""
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "default",
-        "uid": f"uid-{name}",
-        "labels": dict(labels),
-    }
-    if owner is not None:
-        meta["ownerReferences"] = [claim.owner_reference_for(owner)]
-    return {"metadata": meta, "spec": {"containers": [{"image": "foo/bar"}]}}
+    return builders.pod(
+        name,
+        namespace="default",
+        uid="uid-{name}",
+        labels=labels,
+        owner_references=None if owner is None else [claim.owner_reference_for(owner)],
+        containers=[builders.container(None, image="foo/bar")],
+    )
 
 
 def _deleting(pod: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ class TestClaimPods:
             # one, and owner_reference_for refuses an empty one, so this one has "456".
             pytest.param(
                 _owner(uid="456"),
-                [_pod("pod1", PRODUCTION), _pod("pod2", TESTING)],
+                [_new_pod("pod1", PRODUCTION), _new_pod("pod2", TESTING)],
                 ["pod1"],
                 1,
                 (),
@@ -87,7 +87,7 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER_DELETING,
-                [_pod("pod1", PRODUCTION), _pod("pod2", PRODUCTION)],
+                [_new_pod("pod1", PRODUCTION), _new_pod("pod2", PRODUCTION)],
                 [],
                 0,
                 (),
@@ -95,7 +95,7 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER_DELETING,
-                [_pod("pod1", PRODUCTION, OWNER_DELETING), _pod("pod2", PRODUCTION)],
+                [_new_pod("pod1", PRODUCTION, OWNER_DELETING), _new_pod("pod2", PRODUCTION)],
                 ["pod1"],
                 0,
                 (),
@@ -103,7 +103,7 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER,
-                [_pod("pod1", PRODUCTION, OWNER), _pod("pod2", PRODUCTION, OTHER_OWNER)],
+                [_new_pod("pod1", PRODUCTION, OWNER), _new_pod("pod2", PRODUCTION, OTHER_OWNER)],
                 ["pod1"],
                 0,
                 (),
@@ -111,7 +111,7 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER,
-                [_pod("pod1", PRODUCTION, OWNER), _pod("pod2", TESTING, OWNER)],
+                [_new_pod("pod1", PRODUCTION, OWNER), _new_pod("pod2", TESTING, OWNER)],
                 ["pod1"],
                 1,
                 (),
@@ -119,7 +119,10 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER,
-                [_deleting(_pod("pod1", PRODUCTION, OWNER)), _deleting(_pod("pod2", PRODUCTION))],
+                [
+                    _deleting(_new_pod("pod1", PRODUCTION, OWNER)),
+                    _deleting(_new_pod("pod2", PRODUCTION)),
+                ],
                 ["pod1"],
                 0,
                 (),
@@ -128,9 +131,9 @@ class TestClaimPods:
             pytest.param(
                 OWNER,
                 [
-                    _pod("pod1", PRODUCTION, OWNER),
-                    _pod("pod2", TESTING, OWNER),
-                    _pod("pod3", PRODUCTION),
+                    _new_pod("pod1", PRODUCTION, OWNER),
+                    _new_pod("pod2", TESTING, OWNER),
+                    _new_pod("pod3", PRODUCTION),
                 ],
                 ["pod1", "pod3"],
                 2,
@@ -139,7 +142,10 @@ class TestClaimPods:
             ),
             pytest.param(
                 OWNER,
-                [_pod("pod1", PRODUCTION), _in_namespace(_pod("pod2", PRODUCTION), "fakens")],
+                [
+                    _new_pod("pod1", PRODUCTION),
+                    _in_namespace(_new_pod("pod2", PRODUCTION), "fakens"),
+                ],
                 ["pod1"],
                 1,
                 (),
@@ -147,7 +153,10 @@ class TestClaimPods:
             ),
             pytest.param(
                 _owner(namespace=""),
-                [_pod("pod1", PRODUCTION), _in_namespace(_pod("pod2", PRODUCTION), "fakens")],
+                [
+                    _new_pod("pod1", PRODUCTION),
+                    _in_namespace(_new_pod("pod2", PRODUCTION), "fakens"),
+                ],
                 ["pod1", "pod2"],
                 2,
                 (),
@@ -180,20 +189,29 @@ class TestClaimPods:
     @pytest.mark.parametrize(
         ("owner", "pod", "want"),
         [
-            pytest.param(OWNER, _pod("p", PRODUCTION, OTHER_OWNER), "SKIP", id="other-controller"),
-            pytest.param(OWNER, _pod("p", TESTING, OTHER_OWNER), "SKIP", id="other-no-match"),
-            pytest.param(OWNER, _pod("p", PRODUCTION, OWNER), "KEEP", id="ours-matching"),
-            pytest.param(OWNER_DELETING, _pod("p", PRODUCTION, OWNER), "KEEP", id="ours-deleting"),
-            pytest.param(OWNER, _pod("p", TESTING, OWNER), "RELEASE", id="ours-not-matching"),
             pytest.param(
-                OWNER_DELETING, _pod("p", TESTING, OWNER), "IGNORE", id="no-release-while-deleting"
+                OWNER, _new_pod("p", PRODUCTION, OTHER_OWNER), "SKIP", id="other-controller"
             ),
-            pytest.param(OWNER, _pod("p", PRODUCTION), "ADOPT", id="orphan-matching"),
-            pytest.param(OWNER, _pod("p", TESTING), "IGNORE", id="orphan-not-matching"),
+            pytest.param(OWNER, _new_pod("p", TESTING, OTHER_OWNER), "SKIP", id="other-no-match"),
+            pytest.param(OWNER, _new_pod("p", PRODUCTION, OWNER), "KEEP", id="ours-matching"),
             pytest.param(
-                OWNER_DELETING, _pod("p", PRODUCTION), "IGNORE", id="no-adopt-while-deleting"
+                OWNER_DELETING, _new_pod("p", PRODUCTION, OWNER), "KEEP", id="ours-deleting"
             ),
-            pytest.param(OWNER, _deleting(_pod("p", PRODUCTION)), "IGNORE", id="orphan-deleting"),
+            pytest.param(OWNER, _new_pod("p", TESTING, OWNER), "RELEASE", id="ours-not-matching"),
+            pytest.param(
+                OWNER_DELETING,
+                _new_pod("p", TESTING, OWNER),
+                "IGNORE",
+                id="no-release-while-deleting",
+            ),
+            pytest.param(OWNER, _new_pod("p", PRODUCTION), "ADOPT", id="orphan-matching"),
+            pytest.param(OWNER, _new_pod("p", TESTING), "IGNORE", id="orphan-not-matching"),
+            pytest.param(
+                OWNER_DELETING, _new_pod("p", PRODUCTION), "IGNORE", id="no-adopt-while-deleting"
+            ),
+            pytest.param(
+                OWNER, _deleting(_new_pod("p", PRODUCTION)), "IGNORE", id="orphan-deleting"
+            ),
         ],
     )
     def test_classify_pod(self, owner: dict[str, Any], pod: dict[str, Any], want: str) -> None:
@@ -201,7 +219,7 @@ class TestClaimPods:
 
     # upstream: ClaimObject only looks at the *controller* reference; other owners are fine
     def test_non_controller_owner_reference_is_an_orphan(self) -> None:
-        pod = _pod("p", PRODUCTION)
+        pod = _new_pod("p", PRODUCTION)
         pod["metadata"]["ownerReferences"] = [{**claim.owner_reference_for(OTHER_OWNER)}]
         pod["metadata"]["ownerReferences"][0]["controller"] = False
         assert claim.controller_ref(pod) is None
@@ -209,7 +227,11 @@ class TestClaimPods:
 
     # upstream: the claimed list keeps input order, and a failed adoption is not claimed
     def test_claimed_keeps_order_and_drops_failed_adoptions(self) -> None:
-        pods = [_pod("a", PRODUCTION), _pod("b", PRODUCTION, OWNER), _pod("c", PRODUCTION)]
+        pods = [
+            _new_pod("a", PRODUCTION),
+            _new_pod("b", PRODUCTION, OWNER),
+            _new_pod("c", PRODUCTION),
+        ]
         plan = claim.claim_pods(OWNER, production_selector, pods)
         assert ["a", "c"] == [pod["metadata"]["name"] for pod in plan.adopt]
         assert ["b"] == [pod["metadata"]["name"] for pod in plan.claimed()]
@@ -218,10 +240,10 @@ class TestClaimPods:
     # upstream: FilterClaimedPods (the terminating pods that status counts)
     def test_filter_claimed_pods(self) -> None:
         pods = [
-            _pod("ours", PRODUCTION, OWNER),
-            _pod("ours-relabelled", TESTING, OWNER),
-            _pod("theirs", PRODUCTION, OTHER_OWNER),
-            _pod("orphan", PRODUCTION),
+            _new_pod("ours", PRODUCTION, OWNER),
+            _new_pod("ours-relabelled", TESTING, OWNER),
+            _new_pod("theirs", PRODUCTION, OTHER_OWNER),
+            _new_pod("orphan", PRODUCTION),
         ]
         got = claim.filter_claimed_pods(CONTROLLER_UID, production_selector, pods)
         assert ["ours"] == [pod["metadata"]["name"] for pod in got]
@@ -249,7 +271,7 @@ class TestCanAdopt:
 
     # upstream: AdoptPod wraps the canAdopt error for every adoption of the sync
     def test_adopt_error_message(self) -> None:
-        err = claim.adopt_error(_pod("pod1", PRODUCTION), claim.AdoptionError("boom"))
+        err = claim.adopt_error(_new_pod("pod1", PRODUCTION), claim.AdoptionError("boom"))
         assert "can't adopt Pod default/pod1 (uid-pod1): boom" == str(err)
 
     # upstream: RecheckDeletionTimestamp when the GET itself fails
@@ -318,10 +340,10 @@ class TestPatches:
             b'"name":"foobar","uid":"123","controller":true,"blockOwnerDeletion":true}],'
             b'"uid":"uid-pod1"}}'
         )
-        assert want == claim.patch_bytes(claim.adopt_patch(OWNER, _pod("pod1", PRODUCTION)))
+        assert want == claim.patch_bytes(claim.adopt_patch(OWNER, _new_pod("pod1", PRODUCTION)))
 
     def test_adopt_patch_with_finalizers(self) -> None:
-        body = claim.adopt_patch(OWNER, _pod("pod1", PRODUCTION), ["f1"])
+        body = claim.adopt_patch(OWNER, _new_pod("pod1", PRODUCTION), ["f1"])
         assert ["f1"] == json.loads(claim.patch_bytes(body))["metadata"]["finalizers"]
 
     # upstream: NewControllerRef

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.podset import podutil, ranking
 
 pytestmark = pytest.mark.unit
@@ -32,7 +33,7 @@ def _ts(moment: dt.datetime | None) -> str | None:
     return podutil.format_time(moment) if moment is not None else None
 
 
-def _pod(
+def _ranked_pod(
     name: str,
     node: str,
     phase: str,
@@ -42,47 +43,51 @@ def _pod(
     created: dt.datetime | None,
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Upstream TestSortingActivePodsWithRanks' ``pod`` helper."""
-    status: dict[str, Any] = {"phase": phase}
-    if ready:
-        status["conditions"] = [
-            {"type": "Ready", "status": "True", "lastTransitionTime": _ts(ready_since)}
-        ]
-        status["containerStatuses"] = [{"restartCount": restarts}]
-    return {
-        "metadata": {
-            "name": name,
-            "creationTimestamp": _ts(created),
-            "annotations": dict(annotations) if annotations else None,
-        },
-        "spec": {"nodeName": node},
-        "status": status,
-    }
+    """Upstream TestSortingActivePodsWithRanks' ``pod`` helper (no timestamp or annotations
+    when not given: the ranking reads them with defaults)."""
+    return builders.pod(
+        name,
+        creation_timestamp=_ts(created),
+        annotations=annotations or None,
+        bare=True,
+        node_name=node,
+        phase=phase,
+        conditions=[{"type": "Ready", "status": "True", "lastTransitionTime": _ts(ready_since)}]
+        if ready
+        else None,
+        container_statuses=[{"restartCount": restarts}] if ready else None,
+    )
 
 
 COST = podutil.POD_DELETION_COST_ANNOTATION
-UNSCHEDULED = _pod("unscheduled", "", "Pending", False, 0, None, None)
-SCHEDULED_PENDING = _pod("pending", "node", "Pending", False, 0, None, None)
-UNKNOWN_PHASE = _pod("unknown-phase", "node", "Unknown", False, 0, None, None)
-RUNNING_NOT_READY = _pod("not-ready", "node", "Running", False, 0, None, None)
-READY_NO_LTT = _pod("ready-no-last-transition-time", "node", "Running", True, 0, None, None)
-READY_NOW = _pod("ready-now", "node", "Running", True, 0, NOW, NOW)
-READY_THEN = _pod("ready-then", "node", "Running", True, 0, THEN_1_MONTH, THEN_1_MONTH)
-READY_NOW_HIGH_RESTARTS = _pod("ready-high-restarts", "node", "Running", True, 9001, NOW, NOW)
-READY_NOW_CREATED_THEN = _pod(
+UNSCHEDULED = _ranked_pod("unscheduled", "", "Pending", False, 0, None, None)
+SCHEDULED_PENDING = _ranked_pod("pending", "node", "Pending", False, 0, None, None)
+UNKNOWN_PHASE = _ranked_pod("unknown-phase", "node", "Unknown", False, 0, None, None)
+RUNNING_NOT_READY = _ranked_pod("not-ready", "node", "Running", False, 0, None, None)
+READY_NO_LTT = _ranked_pod("ready-no-last-transition-time", "node", "Running", True, 0, None, None)
+READY_NOW = _ranked_pod("ready-now", "node", "Running", True, 0, NOW, NOW)
+READY_THEN = _ranked_pod("ready-then", "node", "Running", True, 0, THEN_1_MONTH, THEN_1_MONTH)
+READY_NOW_HIGH_RESTARTS = _ranked_pod(
+    "ready-high-restarts", "node", "Running", True, 9001, NOW, NOW
+)
+READY_NOW_CREATED_THEN = _ranked_pod(
     "ready-now-created-then", "node", "Running", True, 0, NOW, THEN_1_MONTH
 )
-LOW_COST = _pod("low-deletion-cost", "node", "Running", True, 0, NOW, THEN_1_MONTH, {COST: "10"})
-HIGH_COST = _pod("high-deletion-cost", "node", "Running", True, 0, NOW, THEN_1_MONTH, {COST: "100"})
-UNSCHEDULED_5_HOURS = _pod(
+LOW_COST = _ranked_pod(
+    "low-deletion-cost", "node", "Running", True, 0, NOW, THEN_1_MONTH, {COST: "10"}
+)
+HIGH_COST = _ranked_pod(
+    "high-deletion-cost", "node", "Running", True, 0, NOW, THEN_1_MONTH, {COST: "100"}
+)
+UNSCHEDULED_5_HOURS = _ranked_pod(
     "unscheduled-5-hours", "", "Pending", False, 0, THEN_5_HOURS, THEN_5_HOURS
 )
-UNSCHEDULED_8_HOURS = _pod(
+UNSCHEDULED_8_HOURS = _ranked_pod(
     "unscheduled-10-hours", "", "Pending", False, 0, THEN_8_HOURS, THEN_8_HOURS
 )
-READY_2_HOURS = _pod("ready-2-hours", "", "Running", True, 0, THEN_2_HOURS, THEN_1_MONTH)
-READY_5_HOURS = _pod("ready-5-hours", "", "Running", True, 0, THEN_5_HOURS, THEN_1_MONTH)
-READY_10_HOURS = _pod("ready-10-hours", "", "Running", True, 0, THEN_8_HOURS, THEN_1_MONTH)
+READY_2_HOURS = _ranked_pod("ready-2-hours", "", "Running", True, 0, THEN_2_HOURS, THEN_1_MONTH)
+READY_5_HOURS = _ranked_pod("ready-5-hours", "", "Running", True, 0, THEN_5_HOURS, THEN_1_MONTH)
+READY_10_HOURS = _ranked_pod("ready-10-hours", "", "Running", True, 0, THEN_8_HOURS, THEN_1_MONTH)
 
 
 class TestSortingActivePodsWithRanks:
@@ -148,7 +153,7 @@ class TestSortingActivePodsWithRanks:
     # derived from compareMaxContainerRestarts: sidecar restarts break a tie of regular ones
     def test_sidecar_restarts_break_ties(self) -> None:
         def with_sidecar(name: str, restarts: int) -> dict[str, Any]:
-            pod = _pod(name, "node", "Running", True, 3, NOW, NOW)
+            pod = _ranked_pod(name, "node", "Running", True, 3, NOW, NOW)
             pod["spec"]["initContainers"] = [
                 {"name": "proxy", "restartPolicy": "Always"},
                 {"name": "init"},
@@ -167,8 +172,8 @@ class TestSortingActivePodsWithRanks:
 
     # derived from logarithmicRankDiff: same bucket falls back to the UID
     def test_same_bucket_orders_by_uid(self) -> None:
-        a = _pod("a", "node", "Running", True, 0, THEN_5_HOURS, THEN_1_MONTH)
-        b = _pod("b", "node", "Running", True, 0, THEN_8_HOURS, THEN_1_MONTH)
+        a = _ranked_pod("a", "node", "Running", True, 0, THEN_5_HOURS, THEN_1_MONTH)
+        b = _ranked_pod("b", "node", "Running", True, 0, THEN_8_HOURS, THEN_1_MONTH)
         a["metadata"]["uid"] = "zzz"
         b["metadata"]["uid"] = "aaa"
         ranked = ranking.ActivePodsWithRanks(pods=[a, b], rank=[0, 0], now=NOW)
@@ -181,8 +186,12 @@ class TestSortingActivePodsWithRanks:
     # derived from logarithmicRankDiff: the buckets are of time.Duration, i.e. nanoseconds.
     # 35 s and 68 s are both in [2**35, 2**36) ns, but in different buckets of whole seconds.
     def test_buckets_are_nanoseconds(self) -> None:
-        younger = _pod("35s", "node", "Pending", False, 0, None, NOW - dt.timedelta(seconds=35))
-        older = _pod("68s", "node", "Pending", False, 0, None, NOW - dt.timedelta(seconds=68))
+        younger = _ranked_pod(
+            "35s", "node", "Pending", False, 0, None, NOW - dt.timedelta(seconds=35)
+        )
+        older = _ranked_pod(
+            "68s", "node", "Pending", False, 0, None, NOW - dt.timedelta(seconds=68)
+        )
         younger["metadata"]["uid"] = "b"
         older["metadata"]["uid"] = "a"
         ranked = ranking.ActivePodsWithRanks(pods=[younger, older], rank=[0, 0], now=NOW)
@@ -192,7 +201,7 @@ class TestSortingActivePodsWithRanks:
     # upstream: TestSortingActivePods' order, which ActivePodsWithRanks keeps (equal ranks)
     def test_full_order(self) -> None:
         def running(name: str, ltt: dt.datetime | None, restarts: list[int]) -> dict[str, Any]:
-            pod = _pod(name, "foo", "Running", True, 0, ltt, None)
+            pod = _ranked_pod(name, "foo", "Running", True, 0, ltt, None)
             pod["status"]["containerStatuses"] = [{"restartCount": r} for r in restarts]
             return pod
 
@@ -201,10 +210,10 @@ class TestSortingActivePodsWithRanks:
         oldest = running("oldest", THEN_1_MONTH, [2, 1])
         oldest["metadata"]["creationTimestamp"] = _ts(THEN_1_MONTH)
         pods = [
-            _pod("unscheduled", "", "Pending", False, 0, None, None),
-            _pod("scheduledButPending", "bar", "Pending", False, 0, None, None),
-            _pod("unknownPhase", "foo", "Unknown", False, 0, None, None),
-            _pod("runningButNotReady", "foo", "Running", False, 0, None, None),
+            _ranked_pod("unscheduled", "", "Pending", False, 0, None, None),
+            _ranked_pod("scheduledButPending", "bar", "Pending", False, 0, None, None),
+            _ranked_pod("unknownPhase", "foo", "Unknown", False, 0, None, None),
+            _ranked_pod("runningButNotReady", "foo", "Running", False, 0, None, None),
             running("runningNoLastTransitionTime", None, [3, 0]),
             running("runningWithLastTransitionTime", NOW, [3, 0]),
             running("runningLongerTime", THEN_1_MONTH, [3, 0]),
@@ -225,20 +234,20 @@ class TestSortingActivePodsWithRanks:
 
     # derived from GetDeletionCostFromPodAnnotations: an invalid cost ranks as 0
     def test_invalid_deletion_cost_is_zero(self) -> None:
-        invalid = _pod("invalid", "node", "Running", True, 0, NOW, NOW, {COST: "+10"})
-        zero = _pod("zero", "node", "Running", True, 0, NOW, NOW, {COST: "0"})
-        negative = _pod("negative", "node", "Running", True, 0, NOW, NOW, {COST: "-1"})
+        invalid = _ranked_pod("invalid", "node", "Running", True, 0, NOW, NOW, {COST: "+10"})
+        zero = _ranked_pod("zero", "node", "Running", True, 0, NOW, NOW, {COST: "0"})
+        negative = _ranked_pod("negative", "node", "Running", True, 0, NOW, NOW, {COST: "-1"})
         ranked = ranking.ActivePodsWithRanks(pods=[invalid, zero, negative], rank=[0] * 3, now=NOW)
         assert not ranked.less(0, 1)
         assert not ranked.less(1, 0)
         assert ranked.less(2, 0)
 
     def test_malformed_pod_is_a_clear_error(self) -> None:
-        bad_time = _pod("bad", "node", "Running", True, 0, NOW, NOW)
+        bad_time = _ranked_pod("bad", "node", "Running", True, 0, NOW, NOW)
         bad_time["metadata"]["creationTimestamp"] = "yesterday"
         with pytest.raises(podutil.InvalidObjectError, match=r"creationTimestamp"):
             ranking.ActivePodsWithRanks(pods=[bad_time], rank=[0], now=NOW)
-        bad_labels = _pod("bad", "node", "Running", True, 0, NOW, NOW)
+        bad_labels = _ranked_pod("bad", "node", "Running", True, 0, NOW, NOW)
         bad_labels["metadata"]["annotations"] = ["not", "a", "map"]
         with pytest.raises(podutil.InvalidObjectError, match=r"metadata.annotations"):
             ranking.ActivePodsWithRanks(pods=[bad_labels], rank=[0], now=NOW)

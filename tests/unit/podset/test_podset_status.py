@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.podset import podutil, status
 
 pytestmark = pytest.mark.unit
@@ -46,21 +47,17 @@ def _podset(
     }
 
 
-def _pod(
+def _new_pod(
     name: str, podset: Mapping[str, Any], phase: str, ready_since: str | None = None
 ) -> dict[str, Any]:
     """Upstream's ``newPod``: the selector's labels; Running pods are Ready=True."""
     conditions = []
     if phase == "Running":
         conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": ready_since}]
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": dict(podset["spec"]["selector"]["matchLabels"]),
-        },
-        "status": {"phase": phase, "conditions": conditions},
-    }
+    labels = podset["spec"]["selector"]["matchLabels"]
+    return builders.pod(
+        name, namespace="default", labels=labels, bare=True, phase=phase, conditions=conditions
+    )
 
 
 def _terminating(pod: dict[str, Any]) -> dict[str, Any]:
@@ -92,21 +89,24 @@ class TestCalculateStatus:
         [
             pytest.param(
                 FULLY_LABELLED,
-                [_pod("pod1", FULLY_LABELLED, "Running")],
+                [_new_pod("pod1", FULLY_LABELLED, "Running")],
                 [],
                 _counts(1, 1, 1, 1),
                 id="1 fully labelled pod",
             ),
             pytest.param(
                 NOT_FULLY_LABELLED,
-                [_pod("pod1", NOT_FULLY_LABELLED, "Running")],
+                [_new_pod("pod1", NOT_FULLY_LABELLED, "Running")],
                 [],
                 _counts(1, 0, 1, 1),
                 id="1 not fully labelled pod",
             ),
             pytest.param(
                 FULLY_LABELLED,
-                [_pod("pod1", FULLY_LABELLED, "Running"), _pod("pod2", FULLY_LABELLED, "Running")],
+                [
+                    _new_pod("pod1", FULLY_LABELLED, "Running"),
+                    _new_pod("pod2", FULLY_LABELLED, "Running"),
+                ],
                 [],
                 _counts(2, 2, 2, 2),
                 id="2 fully labelled pods (with DeploymentPodReplacementPolicy)",
@@ -114,8 +114,8 @@ class TestCalculateStatus:
             pytest.param(
                 NOT_FULLY_LABELLED,
                 [
-                    _pod("pod1", NOT_FULLY_LABELLED, "Running"),
-                    _pod("pod2", NOT_FULLY_LABELLED, "Running"),
+                    _new_pod("pod1", NOT_FULLY_LABELLED, "Running"),
+                    _new_pod("pod2", NOT_FULLY_LABELLED, "Running"),
                 ],
                 [],
                 _counts(2, 0, 2, 2),
@@ -124,8 +124,8 @@ class TestCalculateStatus:
             pytest.param(
                 NOT_FULLY_LABELLED,
                 [
-                    _pod("pod1", NOT_FULLY_LABELLED, "Running"),
-                    _pod("pod2", FULLY_LABELLED, "Running"),
+                    _new_pod("pod1", NOT_FULLY_LABELLED, "Running"),
+                    _new_pod("pod2", FULLY_LABELLED, "Running"),
                 ],
                 [],
                 _counts(2, 1, 2, 2),
@@ -133,24 +133,24 @@ class TestCalculateStatus:
             ),
             pytest.param(
                 FULLY_LABELLED,
-                [_pod("pod1", FULLY_LABELLED, "Pending")],
+                [_new_pod("pod1", FULLY_LABELLED, "Pending")],
                 [],
                 _counts(1, 1, 0, 0),
                 id="1 non-ready pod",
             ),
             pytest.param(
                 LONG_MIN_READY,
-                [_pod("pod1", LONG_MIN_READY, "Running")],
+                [_new_pod("pod1", LONG_MIN_READY, "Running")],
                 [],
                 _counts(1, 1, 1, 0),
                 id="1 ready but non-available pod",
             ),
             pytest.param(
                 FULLY_LABELLED,
-                [_pod("pod1", FULLY_LABELLED, "Running")],
+                [_new_pod("pod1", FULLY_LABELLED, "Running")],
                 [
-                    _terminating(_pod("pod2", FULLY_LABELLED, "Running")),
-                    _terminating(_pod("pod3", FULLY_LABELLED, "Running")),
+                    _terminating(_new_pod("pod2", FULLY_LABELLED, "Running")),
+                    _terminating(_new_pod("pod3", FULLY_LABELLED, "Running")),
                 ],
                 _counts(1, 1, 1, 1, terminating=2),
                 id="1 fully labelled pods and 2 terminating with DeploymentPodReplacementPolicy",
@@ -171,7 +171,7 @@ class TestCalculateStatus:
     def test_other_fields_are_kept_and_input_untouched(self) -> None:
         podset = _podset(1, FULL_LABEL_MAP, observedGeneration=7)
         podset["status"]["selector"] = "name=foo"
-        got = status.calculate_status(podset, [_pod("p", podset, "Running")], None, NOW)
+        got = status.calculate_status(podset, [_new_pod("p", podset, "Running")], None, NOW)
         assert 7 == got["observedGeneration"]
         assert "name=foo" == got["selector"]
         assert {"observedGeneration": 7, "selector": "name=foo"} == podset["status"]
@@ -188,7 +188,7 @@ class TestCalculateStatus:
     def test_available_after_min_ready_seconds(self, ready_for: int, want_available: int) -> None:
         since = podutil.format_time(NOW - dt.timedelta(seconds=ready_for))
         got = status.calculate_status(
-            LONG_MIN_READY, [_pod("p", LONG_MIN_READY, "Running", since)], None, NOW
+            LONG_MIN_READY, [_new_pod("p", LONG_MIN_READY, "Running", since)], None, NOW
         )
         assert want_available == got["availableReplicas"]
 
@@ -251,7 +251,7 @@ class TestCalculateStatusConditions:
         manage_error: str | None,
         want: list[dict[str, Any]] | None,
     ) -> None:
-        pods = [_pod(f"pod{i}", podset, "Running") for i in range(pod_count)]
+        pods = [_new_pod(f"pod{i}", podset, "Running") for i in range(pod_count)]
         error = RuntimeError(manage_error) if manage_error is not None else None
         got = status.calculate_status(podset, pods, error, NOW)
         assert want == got.get("conditions")
@@ -441,7 +441,7 @@ class TestPodPredicates:
     # upstream: TestCountTerminatingPods
     def test_filter_terminating_pods(self) -> None:
         podset = _podset(0, LABEL_MAP)
-        pods = [_pod(f"pod{i}", podset, "Running") for i in range(7)]
+        pods = [_new_pod(f"pod{i}", podset, "Running") for i in range(7)]
         pods[0]["status"]["phase"] = "Succeeded"
         pods[1]["status"]["phase"] = "Failed"
         pods[2]["status"]["phase"] = "Pending"
@@ -454,7 +454,7 @@ class TestPodPredicates:
         with pytest.raises(podutil.InvalidObjectError, match=r"spec.replicas"):
             status.calculate_status({"spec": {"replicas": "three"}}, [], RuntimeError("x"), NOW)
         bad = _podset(1, LABEL_MAP)
-        bad_pod = _pod("p", bad, "Running", "not a time")
+        bad_pod = _new_pod("p", bad, "Running", "not a time")
         with pytest.raises(podutil.InvalidObjectError, match=r"lastTransitionTime"):
             status.calculate_status(
                 _podset(1, LABEL_MAP, min_ready_seconds=5), [bad_pod], None, NOW
@@ -479,7 +479,7 @@ class TestNextAvailableCheck:
     ) -> None:
         podset = _podset(1, FULL_LABEL_MAP, min_ready_seconds=min_ready_seconds)
         pods = [
-            _pod(
+            _new_pod(
                 f"p{i}",
                 podset,
                 "Running",
@@ -487,5 +487,5 @@ class TestNextAvailableCheck:
             )
             for i, ago in enumerate(ready_since)
         ]
-        pods.append(_pod("not-ready", podset, "Pending"))
+        pods.append(_new_pod("not-ready", podset, "Pending"))
         assert want == status.next_available_check(pods, min_ready_seconds, NOW)
