@@ -109,7 +109,7 @@ async def test_event_for_own_write_holds_nothing(
     await write(accessor, put, "42")
     assert ["/api/v1/namespaces/a/resourcequotas/q/status"] == put.calls
 
-    accessor.usage_raised(KEY, "42", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "42", dict(RAISE))
 
     assert {} == ledger.held(KEY)
     assert 0 == len(ledger)
@@ -120,14 +120,14 @@ async def test_raise_nobody_here_wrote_is_held(
 ) -> None:
     await write(accessor, put, "42")
 
-    accessor.usage_raised(KEY, "43", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "43", dict(RAISE))
 
     assert RAISE == ledger.held(KEY)
     assert 1 == len(ledger)
 
 
 def test_raise_without_any_write_is_held(accessor: KubeQuotaAccessor, ledger: ChargeLedger) -> None:
-    accessor.usage_raised(KEY, "7", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "7", dict(RAISE))
     assert RAISE == ledger.held(KEY)
 
 
@@ -136,7 +136,7 @@ async def test_own_write_of_another_quota_does_not_cover_this_one(
 ) -> None:
     await write(accessor, put, "42", key=OTHER_KEY)
 
-    accessor.usage_raised(KEY, "42", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "42", dict(RAISE))
 
     assert RAISE == ledger.held(KEY)
     assert {} == ledger.held(OTHER_KEY)
@@ -145,12 +145,12 @@ async def test_own_write_of_another_quota_does_not_cover_this_one(
 async def test_event_with_empty_amount_never_holds(
     accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
 ) -> None:
-    accessor.usage_raised(KEY, "5", {})
+    accessor.writes.usage_raised(KEY, "5", {})
     await write(accessor, put, "6")
-    accessor.usage_raised(KEY, "7", {})
+    accessor.writes.usage_raised(KEY, "7", {})
     pending = start_write(accessor, put, "9")
     await in_flight()
-    accessor.usage_raised(KEY, "8", {})
+    accessor.writes.usage_raised(KEY, "8", {})
     put.gate.set()
     await pending
 
@@ -161,8 +161,8 @@ async def test_event_with_empty_amount_never_holds(
 def test_unparsable_resource_version_is_ignored(
     accessor: KubeQuotaAccessor, ledger: ChargeLedger
 ) -> None:
-    accessor.usage_raised(KEY, "", dict(RAISE))
-    accessor.usage_raised(KEY, "not-a-number", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "not-a-number", dict(RAISE))
     assert 0 == len(ledger)
 
 
@@ -175,7 +175,7 @@ async def test_event_before_own_put_returns_holds_nothing(
     pending = start_write(accessor, put, "42")
     await in_flight()
 
-    accessor.usage_raised(KEY, "42", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "42", dict(RAISE))
     # Undecided while the PUT is in flight: held meanwhile, so that no recalculation erases
     # it should it be another replica's; withdrawn once the write turns out to be ours.
     assert RAISE == ledger.held(KEY)
@@ -192,7 +192,7 @@ async def test_other_raise_during_own_put_is_held_and_stays_held_once_it_returns
     pending = start_write(accessor, put, "42")
     await in_flight()
 
-    accessor.usage_raised(KEY, "41", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "41", dict(RAISE))
     assert RAISE == ledger.held(KEY)
 
     put.gate.set()
@@ -207,7 +207,7 @@ async def test_raise_during_failed_put_is_held(
     pending = start_write(accessor, put, client.ApiException(status=409, reason="Conflict"))
     await in_flight()
 
-    accessor.usage_raised(KEY, "42", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "42", dict(RAISE))
     assert RAISE == ledger.held(KEY)
 
     put.gate.set()
@@ -225,9 +225,9 @@ async def test_raises_wait_for_every_put_in_flight(
     second = asyncio.ensure_future(accessor.update_quota_status(quota()))
     await in_flight()
 
-    accessor.usage_raised(KEY, "42", dict(RAISE))
-    accessor.usage_raised(KEY, "43", dict(RAISE))
-    accessor.usage_raised(KEY, "44", dict(RAISE))  # nobody's here
+    accessor.writes.usage_raised(KEY, "42", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "43", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "44", dict(RAISE))  # nobody's here
 
     put.gate.set()
     await asyncio.gather(first, second)
@@ -244,16 +244,16 @@ async def test_forget_leaves_nothing_behind(
     await write(accessor, put, "42")
     pending = start_write(accessor, put, "44")
     await in_flight()
-    accessor.usage_raised(KEY, "43", dict(RAISE))
-    assert KEY in accessor._writing
-    assert KEY in accessor._written
-    assert KEY in accessor._unsure
+    accessor.writes.usage_raised(KEY, "43", dict(RAISE))
+    assert KEY in accessor.writes._writing
+    assert KEY in accessor.writes._written
+    assert KEY in accessor.writes._unsure
 
-    accessor.forget(KEY)
+    accessor.writes.forget(KEY)
 
-    assert KEY not in accessor._writing
-    assert KEY not in accessor._written
-    assert KEY not in accessor._unsure
+    assert KEY not in accessor.writes._writing
+    assert KEY not in accessor.writes._written
+    assert KEY not in accessor.writes._unsure
     put.gate.set()
     await pending
 
@@ -263,25 +263,25 @@ async def test_events_prune_own_write_versions_up_to_theirs(
 ) -> None:
     for rv in ("40", "42", "45"):
         await write(accessor, put, rv)
-    assert {40, 42, 45} == accessor._written[KEY]
+    assert {40, 42, 45} == accessor.writes._written[KEY]
 
-    accessor.usage_raised(KEY, "42", {})
-    assert {45} == accessor._written[KEY]
+    accessor.writes.usage_raised(KEY, "42", {})
+    assert {45} == accessor.writes._written[KEY]
 
-    accessor.usage_raised(KEY, "45", dict(RAISE))
-    assert KEY not in accessor._written
+    accessor.writes.usage_raised(KEY, "45", dict(RAISE))
+    assert KEY not in accessor.writes._written
     assert 0 == len(ledger)  # 45 was ours
-    assert {} == accessor._writing
-    assert {} == accessor._unsure
+    assert {} == accessor.writes._writing
+    assert {} == accessor.writes._unsure
 
 
 async def test_pruned_own_version_no_longer_covers_a_raise(
     accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
 ) -> None:
     await write(accessor, put, "40")
-    accessor.usage_raised(KEY, "41", {})  # 40's event was lost: it is forgotten
+    accessor.writes.usage_raised(KEY, "41", {})  # 40's event was lost: it is forgotten
 
-    accessor.usage_raised(KEY, "40", dict(RAISE))
+    accessor.writes.usage_raised(KEY, "40", dict(RAISE))
 
     assert RAISE == ledger.held(KEY)
 
@@ -292,8 +292,8 @@ async def test_own_raise_waiting_behind_a_put_survives_a_later_event(
     await write(accessor, put, "5")  # own write at 5; its event has not arrived yet
     pending = start_write(accessor, put, client.ApiException(status=409, reason="Conflict"))
     await in_flight()
-    accessor.usage_raised(KEY, "5", dict(RAISE))  # own write: waits behind the PUT in flight
-    accessor.usage_raised(KEY, "6", {})  # another writer lowered usage: classified now
+    accessor.writes.usage_raised(KEY, "5", dict(RAISE))  # own write: waits behind the PUT in flight
+    accessor.writes.usage_raised(KEY, "6", {})  # another writer lowered usage: classified now
 
     put.gate.set()
     with pytest.raises(Conflict):
@@ -308,11 +308,11 @@ async def test_forget_during_a_put_leaves_nothing_behind(
     pending = start_write(accessor, put, "44")
     await in_flight()
 
-    accessor.forget(KEY)  # the quota's deletion is seen before the PUT's answer
+    accessor.writes.forget(KEY)  # the quota's deletion is seen before the PUT's answer
     put.gate.set()
     await pending
 
-    assert KEY not in accessor._written
+    assert KEY not in accessor.writes._written
 
 
 # -- ClusterQuotas: their writer tells the accessor; a raise is held per namespace share
@@ -321,7 +321,7 @@ async def test_forget_during_a_put_leaves_nothing_behind(
 async def test_cluster_quota_raises_are_held_per_share_unless_this_process_wrote_them(
     accessor: KubeQuotaAccessor, put: FakePut, ledger: ChargeLedger
 ) -> None:
-    writer = KubeClusterQuotaWriter(object(), tracker=accessor)  # type: ignore[arg-type]
+    writer = KubeClusterQuotaWriter(object(), tracker=accessor.writes)  # type: ignore[arg-type]
     put.answers.append("50")
     await writer.put_status({"metadata": {"name": "team", "resourceVersion": "49"}})
     key = cluster_quota_key("", "team")
@@ -329,9 +329,9 @@ async def test_cluster_quota_raises_are_held_per_share_unless_this_process_wrote
         cluster_quota_key("a", "team"): dict(RAISE),
         cluster_quota_key("b", "team"): dict(RAISE),
     }
-    accessor.raised(key, "50", shares)  # our own write
+    accessor.writes.raised(key, "50", shares)  # our own write
     assert 0 == len(ledger)
-    accessor.raised(key, "51", shares)  # another replica's
+    accessor.writes.raised(key, "51", shares)  # another replica's
     assert (RAISE, RAISE) == (
         ledger.held(cluster_quota_key("a", "team")),
         ledger.held(cluster_quota_key("b", "team")),

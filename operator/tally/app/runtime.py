@@ -44,6 +44,7 @@ from tally.app.settings import Settings
 from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
 from tally.charges import ChargeLedger
+from tally.charges.own_writes import OwnWrites
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
 from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
@@ -206,27 +207,10 @@ class Runtime:
             verify=self.charge_verifier.verify,
         )
         self.metrics.watch_charges(self.charges.oldest_age)
-        self.accessor = KubeQuotaAccessor(
-            self.quotas,
-            self.dedicated_api,
-            charges=self.charges if settings.leader_election else None,
-            controller_api=api,
-        )
-        # Its writes are told to the accessor, which tells other replicas' raises apart.
+        # Other replicas' raises are held (with leader election) as their charges.
+        self.own_writes = OwnWrites(self.charges if settings.leader_election else None)
         self.cluster_quota_writer = KubeClusterQuotaWriter(
-            self.dedicated_api, tracker=self.accessor, controller_api=api
-        )
-        self.controller = ResourceQuotaController(
-            self.registry,
-            self.quotas,
-            self.stores,
-            self.accessor,
-            workers=settings.workers,
-            resync_period=settings.resync_period,
-            metrics_provider=self.metrics.workqueue,
-            observer=self.metrics,
-            charges=self.charges,
-            newest=self.accessor.newest,
+            self.dedicated_api, tracker=self.own_writes, controller_api=api
         )
         self.cluster_controller = ClusterQuotaController(
             self.registry,
@@ -248,11 +232,29 @@ class Runtime:
                 component=EVENT_COMPONENT,
             ),
         )
-        # Admission judges the ClusterQuotas selecting a namespace beside its ResourceQuotas.
-        self.accessor.cluster_quotas = ClusterQuotaBinding(
-            self.cluster_controller,
-            self.informers[CLUSTER_QUOTAS].store,
-            self.cluster_quota_writer,
+        self.accessor = KubeQuotaAccessor(
+            self.quotas,
+            self.dedicated_api,
+            # Admission judges the ClusterQuotas selecting a namespace beside its own quotas.
+            cluster_quotas=ClusterQuotaBinding(
+                self.cluster_controller,
+                self.informers[CLUSTER_QUOTAS].store,
+                self.cluster_quota_writer,
+            ),
+            controller_api=api,
+            writes=self.own_writes,
+        )
+        self.controller = ResourceQuotaController(
+            self.registry,
+            self.quotas,
+            self.stores,
+            self.accessor,
+            workers=settings.workers,
+            resync_period=settings.resync_period,
+            metrics_provider=self.metrics.workqueue,
+            observer=self.metrics,
+            charges=self.charges,
+            newest=self.accessor.newest,
         )
         self.admission = QuotaEvaluator(
             self.accessor,
@@ -333,7 +335,7 @@ class Runtime:
             QuotaEvents(
                 self.controller,
                 charges=self.charges,
-                writes=self.accessor,
+                writes=self.own_writes,
                 observer=self.metrics,
                 enforcing=lambda: self.enforces_resource_quotas,
                 # Quotas count quotas too (``count/resourcequotas``): after the controller.
@@ -347,7 +349,7 @@ class Runtime:
         self.informers[CLUSTER_QUOTAS].add_handler(
             ClusterQuotaEvents(
                 self.cluster_controller,
-                writes=self.accessor,
+                writes=self.own_writes,
                 observer=self.metrics,
                 measures_changed=self._refresh_measures,
                 names_changed=self._quota_names_changed,

@@ -18,8 +18,10 @@ admission's write of a quota's status is in flight, that quota's recalculation w
 (:meth:`ChargeLedger.defer_sync`).
 
 Owns: :class:`ChargeLedger` and its expiry loop, what the API's answer about a charge's object
-means (:mod:`~tally.charges.verification`), and :class:`FirstSyncs` (quotas whose first
-status was just written, which creations admitted before it may still reach). Imports only the
+means (:mod:`~tally.charges.verification`), :class:`FirstSyncs` (quotas whose first
+status was just written, which creations admitted before it may still reach) and
+:mod:`~tally.charges.own_writes` (this process's status writes told from other replicas',
+whose raises are held as their charges). Imports only the
 pure core (resource lists, group/resources); admission records charges, the informers' handlers
 confirm them, the quota controller reads what they hold and the verifier
 (:mod:`tally.kube.charge_verifier`) answers the ledger's questions, each through this package.

@@ -5,7 +5,7 @@ Owns :mod:`~tally.kube.rest` (the API client, raw JSON requests, paged LISTs),
 :mod:`~tally.kube.lease_lock` (the leader election's Lease), :mod:`~tally.kube.events`
 (Warning Events about an object, one POST each) and
 :mod:`~tally.kube.quota_accessor` (quota status reads and compare-and-swap writes, the
-updated-quotas LRU, telling its own writes from other replicas') and
+updated-quotas LRU), :mod:`~tally.kube.informers` (every tracked kind's informer and LIST) and
 :mod:`~tally.kube.charge_verifier` (whether a charge's object was stored, asked with a LIST by
 name). Implements the small
 protocols the controllers declare; may import only the pure core (:mod:`tally.machinery`,

@@ -29,7 +29,7 @@ RECENT_WRITES: Final = 100
 
 class WriteTracker(Protocol):
     """Told of each status write, so that watch events can be told apart as this process's
-    own (:class:`~tally.kube.quota_accessor.KubeQuotaAccessor`)."""
+    own (:class:`~tally.charges.own_writes.OwnWrites`)."""
 
     def writing(self, key: QuotaKey) -> None: ...
 

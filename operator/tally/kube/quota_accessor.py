@@ -17,11 +17,12 @@ from typing import Any, Final, Protocol
 
 from kubernetes_asyncio import client
 
-from tally.charges import Charge, ChargeLedger
+from tally.charges import ChargeLedger
+from tally.charges.own_writes import OwnWrites
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites, Store
 from tally.machinery.errors import Conflict
-from tally.quota.identity import QuotaKey, is_cluster_quota, quota_key
+from tally.quota.identity import is_cluster_quota, quota_key
 from tally.quota.quantity import Quantity
 
 Obj = Mapping[str, Any]
@@ -38,13 +39,6 @@ class UpdatedQuotas(RecentWrites):
 
     def __init__(self, size: int = UPDATED_QUOTAS_SIZE) -> None:
         super().__init__(size)
-
-
-def _version(quota: Obj) -> int | None:
-    try:
-        return int((quota.get("metadata") or {}).get("resourceVersion") or "")
-    except ValueError:
-        return None
 
 
 class ClusterQuotaViews(Protocol):
@@ -78,12 +72,14 @@ class KubeQuotaAccessor:
         charges: ChargeLedger | None = None,
         cluster_quotas: ClusterQuotaViews | None = None,
         controller_api: client.ApiClient | None = None,
+        writes: OwnWrites | None = None,
     ) -> None:
         """``api``: admission's reads and writes; ``controller_api`` (default: ``api``): the
         controller's writes (:meth:`update_status`). Apart, so that a pod create that waits for
         this webhook never holds the connection the webhook's own write needs (see
-        :func:`tally.kube.rest.make_api_client`). ``charges``: where raises of usage this
-        process did not write are held (:meth:`usage_raised`); None ignores them. Pass one only
+        :func:`tally.kube.rest.make_api_client`). ``writes``: shared with the ClusterQuota
+        writer; else one over ``charges``, where raises of usage this process did not write
+        are held (:class:`~tally.charges.own_writes.OwnWrites`); None ignores them. Pass one only
         when other replicas' admission may charge the same quotas (leader election): with a
         single replica, a raise it did not write is someone editing the status, which the next
         recalculation corrects at once, as upstream's controller does."""
@@ -97,15 +93,8 @@ class KubeQuotaAccessor:
         # controller must not write over a copy its watch has not delivered yet: another
         # replica's raise in it would not be held (usage_raised sees it only with the event).
         self._refreshed = UpdatedQuotas()
-        self._charges = charges
-        # Telling our own status writes from other replicas' on the quota watch. A write's
-        # resourceVersion is known only when its PUT returns, and its watch event may come
-        # first: raises seen while a PUT of that quota is in flight wait in _unsure until it
-        # returns. Each map is emptied as events pass (_written: up to the event's
-        # resourceVersion) and dropped with its quota (forget).
-        self._writing: dict[QuotaKey, int] = {}
-        self._written: dict[QuotaKey, set[int]] = {}
-        self._unsure: dict[QuotaKey, list[tuple[int, list[Charge]]]] = {}
+        self.writes = writes if writes is not None else OwnWrites(charges)
+        """Tells this process's status writes from other replicas' on the quota watch."""
 
     def newest(self, cached: Obj) -> Obj:
         """``cached``, or our own later write of the same quota if the cache lags behind it."""
@@ -132,7 +121,7 @@ class KubeQuotaAccessor:
         """PUT the status subresource carrying the resourceVersion read (compare and swap)."""
         namespace, name = key = quota_key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}/status"
-        self.writing(key)
+        self.writes.writing(key)
         stored: Obj | None = None
         try:
             stored = await rest.put_json(api, path, quota)
@@ -141,7 +130,7 @@ class KubeQuotaAccessor:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
             raise
         finally:
-            self.wrote(key, stored)
+            self.writes.wrote(key, stored)
         self._updated.add(stored)
         return stored
 
@@ -170,83 +159,6 @@ class KubeQuotaAccessor:
         namespace, name = quota_key(quota)
         path = rest.collection_path("", "v1", "resourcequotas", namespace) + f"/{name}"
         self._refreshed.add(await rest.get_json(self._api, path))
-
-    def writing(self, key: QuotaKey) -> None:
-        """A status write of ``key`` (a ResourceQuota's, or ``("", "clusterquota:<name>")``
-        for a ClusterQuota's) starts: its watch events wait until :meth:`wrote`."""
-        self._writing[key] = self._writing.get(key, 0) + 1
-
-    def wrote(self, key: QuotaKey, stored: Obj | None) -> None:
-        """The write :meth:`writing` announced returned ``stored`` (None: it failed)."""
-        if key not in self._writing:
-            return  # the quota was deleted (forget) while the PUT was in flight
-        left = self._writing[key] - 1
-        if left:
-            self._writing[key] = left
-        else:
-            self._writing.pop(key, None)
-        version = _version(stored) if stored is not None else None
-        if version is not None:
-            self._written.setdefault(key, set()).add(version)
-        if not left:
-            for seen, held in self._unsure.pop(key, []):
-                self._classify(key, seen, held)
-
-    def usage_raised(
-        self, key: QuotaKey, resource_version: str, amount: dict[str, Quantity]
-    ) -> None:
-        """A quota event at ``resource_version`` (``amount``: what it raised in ``status.used``,
-        :func:`~tally.resourcequota.controller.raised_usage`; may be empty). A raise another
-        replica's admission made is held in the charge ledger: the leader's controller must not
-        erase it before that replica's object reaches these caches."""
-        self.raised(key, resource_version, {key: amount} if amount else {})
-
-    def raised(
-        self,
-        key: QuotaKey,
-        resource_version: str,
-        amounts: Mapping[QuotaKey, dict[str, Quantity]],
-    ) -> None:
-        """A status event of ``key`` at ``resource_version`` raised ``amounts`` (by the ledger
-        key each is held under: a ClusterQuota's raise is held per namespace share); held when
-        this process did not write it (:meth:`usage_raised`)."""
-        try:
-            version = int(resource_version)
-        except ValueError:
-            return
-        held = self._hold(amounts)
-        if self._writing.get(key):
-            # Every event waits, raise or not: they must be classified in order, or a later
-            # event's pruning would forget an earlier own write still waiting here. Its raise
-            # is held meanwhile (a recalculation now must not erase another replica's charge)
-            # and withdrawn if the write turns out to be ours.
-            self._unsure.setdefault(key, []).append((version, held))
-            return
-        self._classify(key, version, held)
-
-    def _hold(self, amounts: Mapping[QuotaKey, dict[str, Quantity]]) -> list[Charge]:
-        if self._charges is None:
-            return []
-        holds = [self._charges.hold(hold_key, amount) for hold_key, amount in amounts.items()]
-        return [charge for charge in holds if charge is not None]
-
-    def _classify(self, key: QuotaKey, version: int, held: list[Charge]) -> None:
-        written = self._written.get(key)
-        ours = written is not None and version in written
-        if written is not None:
-            # Events come in resourceVersion order: writes up to this one are seen or lost.
-            written.difference_update([v for v in written if v <= version])
-            if not written:
-                del self._written[key]
-        if ours and self._charges is not None:
-            for charge in held:
-                self._charges.withdraw(charge)
-
-    def forget(self, key: QuotaKey) -> None:
-        """The quota was deleted: nothing of it is kept here."""
-        self._writing.pop(key, None)
-        self._written.pop(key, None)
-        self._unsure.pop(key, None)
 
     async def update_status(self, quota_obj: Obj, status: Mapping[str, Mapping[str, str]]) -> None:
         """The controller's write (``QuotaStatusWriter``); a quota deleted meanwhile is done."""
