@@ -1,5 +1,6 @@
-"""Events: client-go's correlator (aggregate, de-duplicate, spam-filter), the sink loop, the
-recorder's queue, and the wire form.
+"""Events: client-go's correlator (aggregate, de-duplicate, spam-filter;
+:mod:`tally.machinery.correlator`), the sink loop and the recorder's queue
+(:mod:`tally.machinery.broadcaster`), and the wire form (:mod:`tally.machinery.eventtypes`).
 
 Ported from client-go v0.37.1 ``tools/record``: ``events_cache_test.go`` (the correlator),
 ``event_test.go`` (``recordToSink``: errors, expired Events, cancellation, ``Eventf``, lots of
@@ -23,15 +24,26 @@ from typing import Any
 
 import pytest
 
-from tally.machinery import events
-from tally.machinery.events import (
+from tally.machinery import broadcaster as recording
+from tally.machinery.correlator import (
     DEFAULT_AGGREGATE_INTERVAL_IN_SECONDS,
     DEFAULT_AGGREGATE_MAX_EVENTS,
     DEFAULT_SPAM_BURST,
-    Event,
     EventCorrelator,
+    event_aggregator_by_reason_func,
+    event_aggregator_by_reason_message_func,
+    get_event_key,
+    two_way_merge_patch,
+)
+from tally.machinery.eventtypes import (
+    Event,
     EventSource,
     ObjectReference,
+    event_from_json,
+    event_to_json,
+    format_time,
+    generate_event_name,
+    parse_time,
 )
 
 pytestmark = pytest.mark.unit
@@ -76,8 +88,17 @@ class FakeClock:
 
 
 def test_core_imports_nothing_forbidden() -> None:
-    """tally.machinery.events is pure core: no kopf, kubernetes_asyncio or pydantic."""
-    tree = ast.parse(pathlib.Path(events.__file__).read_text())
+    """tally.machinery's eventtypes, correlator and broadcaster are pure core: no kopf,
+    kubernetes_asyncio or pydantic."""
+    package = pathlib.Path(recording.__file__).parent
+    tree = ast.Module(
+        body=[
+            node
+            for name in ("eventtypes.py", "correlator.py", "broadcaster.py")
+            for node in ast.parse((package / name).read_text()).body
+        ],
+        type_ignores=[],
+    )
     imported = {
         alias.name
         for node in ast.walk(tree)
@@ -174,9 +195,9 @@ def test_event_aggregator_by_reason_func() -> None:
         "end-of-world", "it was awful", make_object_reference("Pod", "pod1", "other")
     )
     event3 = make_event("nevermind", "it was a bug", make_object_reference("Pod", "pod1", "other"))
-    agg_key1, local_key1 = events.event_aggregator_by_reason_func(event1)
-    agg_key2, local_key2 = events.event_aggregator_by_reason_func(event2)
-    agg_key3, _ = events.event_aggregator_by_reason_func(event3)
+    agg_key1, local_key1 = event_aggregator_by_reason_func(event1)
+    agg_key2, local_key2 = event_aggregator_by_reason_func(event2)
+    agg_key3, _ = event_aggregator_by_reason_func(event3)
     assert agg_key1 == agg_key2
     assert local_key1 != local_key2
     assert agg_key1 != agg_key3
@@ -185,7 +206,7 @@ def test_event_aggregator_by_reason_func() -> None:
 def test_event_aggregator_by_reason_message_func() -> None:
     """TestEventAggregatorByReasonMessageFunc."""
     event1 = make_event("end-of-world", "it was fun", make_object_reference("Pod", "pod1", "other"))
-    actual = events.event_aggregator_by_reason_message_func(event1)
+    actual = event_aggregator_by_reason_message_func(event1)
     assert actual.startswith("(combined from similar events): ")
 
 
@@ -200,7 +221,7 @@ _SIMILAR = dataclasses.replace(
 )
 _AGGREGATE = make_event(
     _SIMILAR.reason,
-    events.event_aggregator_by_reason_message_func(_SIMILAR),
+    event_aggregator_by_reason_message_func(_SIMILAR),
     _SIMILAR.involved_object,
 )
 _SIMILAR_BUT_DIFFERENT_CONTAINER = dataclasses.replace(
@@ -382,7 +403,7 @@ _RS_SOURCE = EventSource(component="replicaset-controller")
 
 
 def _rs_event(clock: FakeClock, reason: str, message: str) -> Event:
-    return events.make_event(_RS, "Normal", reason, message, _RS_SOURCE, clock.now())
+    return recording.make_event(_RS, "Normal", reason, message, _RS_SOURCE, clock.now())
 
 
 def test_scale_up_burst_aggregates_counts_then_drops() -> None:
@@ -494,7 +515,7 @@ def test_identical_events_become_count_patches() -> None:
         )
         assert {
             "count": count,
-            "lastTimestamp": events.format_time(clock.now()),
+            "lastTimestamp": format_time(clock.now()),
             "message": "Deleted pod: a",
         } == result.patch
         correlator.update_state(result.event)
@@ -518,7 +539,7 @@ def test_the_26th_event_about_an_object_is_dropped_and_one_more_passes_after_300
     assert record(28) is True
     # Another object has its own bucket.
     other = dataclasses.replace(_RS, name="other", uid="u2")
-    event = events.make_event(other, "Normal", "R", "m", _RS_SOURCE, clock.now())
+    event = recording.make_event(other, "Normal", "R", "m", _RS_SOURCE, clock.now())
     assert correlator.event_correlate(event).skip is False
 
 
@@ -529,7 +550,7 @@ def test_spam_filter_forgets_the_least_recently_used_object() -> None:
 
     def skipped(name: str) -> bool:
         ref = dataclasses.replace(_RS, name=name)
-        event = events.make_event(ref, "Normal", "R", "m", _RS_SOURCE, clock.now())
+        event = recording.make_event(ref, "Normal", "R", "m", _RS_SOURCE, clock.now())
         return correlator.event_correlate(event).skip
 
     assert [False, True] == [skipped("a"), skipped("a")]
@@ -563,14 +584,14 @@ def test_spam_filter_forgets_the_least_recently_used_object() -> None:
     ],
 )
 def test_two_way_merge_patch(event: Event, expected: dict[str, Any]) -> None:
-    assert expected == events.two_way_merge_patch(event)
+    assert expected == two_way_merge_patch(event)
 
 
 def test_wire_form_round_trip() -> None:
-    event = events.make_event(
+    event = recording.make_event(
         _RS, "Warning", "FailedCreate", "Error creating: x", _RS_SOURCE, START + 123_456_789
     )
-    body = events.event_to_json(event)
+    body = event_to_json(event)
     assert {
         "apiVersion": "v1",
         "kind": "Event",
@@ -597,8 +618,8 @@ def test_wire_form_round_trip() -> None:
     served = {**body, "metadata": {**body["metadata"], "resourceVersion": "42"}}
     assert dataclasses.replace(
         event, resource_version="42", first_timestamp=START, last_timestamp=START
-    ) == events.event_from_json(served)
-    assert START + 500_000_000 == events.parse_time("2023-11-14T22:13:20.5Z")
+    ) == event_from_json(served)
+    assert START + 500_000_000 == parse_time("2023-11-14T22:13:20.5Z")
 
 
 @pytest.mark.parametrize(
@@ -617,7 +638,7 @@ def test_wire_form_round_trip() -> None:
 )
 def test_generate_event_name(ref_name: str, expected: str | None) -> None:
     """TestGenerateEventName (``util/util_test.go``): a UUID where the name would be invalid."""
-    actual = events.generate_event_name(ref_name, 105999103295324396)
+    actual = generate_event_name(ref_name, 105999103295324396)
     assert len(actual) <= 253
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", actual)
     if expected is not None:
@@ -671,8 +692,8 @@ WRITE_ERROR_CORRELATOR = EventCorrelator(SimpleIntervalClock(START, S))
 @pytest.mark.parametrize(
     ("times_to_send_error", "attempts_wanted", "error"),
     [
-        pytest.param(1000, 1, events.RequestConstructionError(), id="giveUp1"),
-        pytest.param(1000, 1, events.StatusError(500), id="giveUp2"),
+        pytest.param(1000, 1, recording.RequestConstructionError(), id="giveUp1"),
+        pytest.param(1000, 1, recording.StatusError(500), id="giveUp2"),
         pytest.param(1000, 12, UnexpectedObjectError(), id="retry1"),
         pytest.param(1000, 12, RuntimeError("A weird error"), id="retry2"),
         pytest.param(2, 2, RuntimeError("A weird error"), id="succeedEventually"),
@@ -691,7 +712,7 @@ async def test_write_event_error(
         return event
 
     waits = Waits()
-    await events.record_to_sink(
+    await recording.record_to_sink(
         Sink(on_create=on_create), Event(), WRITE_ERROR_CORRELATOR, wait=waits, rand=lambda: 0.5
     )
     assert attempts_wanted == attempts
@@ -705,14 +726,14 @@ async def test_update_expired_event() -> None:
     created: list[Event] = []
 
     def on_patch(event: Event, patch: Mapping[str, Any] | None) -> Event:
-        raise events.StatusError(404, "NotFound")
+        raise recording.StatusError(404, "NotFound")
 
     def on_create(event: Event) -> Event:
         created.append(event)
         return event
 
     event = Event(resource_version="updated-resource-version", count=2)
-    await events.record_to_sink(
+    await recording.record_to_sink(
         Sink(on_create=on_create, on_patch=on_patch), event, correlator, wait=Waits()
     )
     assert 1 == len(created), "Event did not get created after patch failed"
@@ -726,13 +747,13 @@ async def test_patch_refused_otherwise_is_not_retried_nor_created() -> None:
 
     def on_patch(event: Event, patch: Mapping[str, Any] | None) -> Event:
         calls.append("patch")
-        raise events.StatusError(422, "Invalid")
+        raise recording.StatusError(422, "Invalid")
 
     def on_create(event: Event) -> Event:
         calls.append("create")
         return event
 
-    await events.record_to_sink(
+    await recording.record_to_sink(
         Sink(on_create=on_create, on_patch=on_patch), Event(count=2), correlator, wait=Waits()
     )
     assert ["patch"] == calls
@@ -748,7 +769,7 @@ async def test_cancel_event() -> None:
         attempts += 1
         raise UnexpectedObjectError()
 
-    await events.record_to_sink(
+    await recording.record_to_sink(
         Sink(on_create=on_create), Event(), correlator, wait=Waits(shut_down=True)
     )
     assert 1 == attempts
@@ -766,13 +787,13 @@ class CachingSink:
         self.writes: list[tuple[str, Event]] = []
 
     async def create(self, event: Event) -> Event:
-        self.cache[events.get_event_key(event)] = events.event_to_json(event)
+        self.cache[get_event_key(event)] = event_to_json(event)
         self.writes.append(("create", event))
         return event
 
     async def patch(self, event: Event, patch: Mapping[str, Any] | None) -> Event:
-        cached = self.cache[events.get_event_key(event)]
-        patched = events.event_from_json({**cached, **(patch or {})})
+        cached = self.cache[get_event_key(event)]
+        patched = event_from_json({**cached, **(patch or {})})
         self.writes.append(("patch", patched))
         return patched
 
@@ -800,7 +821,7 @@ async def test_eventf() -> None:
     ]
     clock = FakeClock()
     sink = CachingSink()
-    broadcaster = events.EventBroadcaster(
+    broadcaster = recording.EventBroadcaster(
         sink, EventSource(component="eventTest"), clock=clock, sleep_duration=0
     )
     for ref, reason, count, write in table:
@@ -828,7 +849,7 @@ async def test_eventf() -> None:
 async def test_lots_of_events() -> None:
     """TestLotsOfEvents: 1000 Events (distinct objects and reasons: no spam filtering, no
     aggregation), each failing four times first; none is dropped, each is tried five times."""
-    counts = [0] * events.MAX_QUEUED_EVENTS
+    counts = [0] * recording.MAX_QUEUED_EVENTS
     recorded: list[int] = []
 
     def on_create(event: Event) -> Event:
@@ -839,17 +860,17 @@ async def test_lots_of_events() -> None:
         recorded.append(num)
         return event
 
-    broadcaster = events.EventBroadcaster(
+    broadcaster = recording.EventBroadcaster(
         Sink(on_create=on_create), EventSource(component="eventTest"), sleep_duration=0
     )
-    for i in range(events.MAX_QUEUED_EVENTS):
+    for i in range(recording.MAX_QUEUED_EVENTS):
         ref = ObjectReference(
             kind="Pod", name=f"foo-{i}", namespace="baz", uid="bar", api_version="version"
         )
         broadcaster.event(ref, "Normal", f"Reason-{i}", str(i))
     await broadcaster.drained()
-    assert list(range(events.MAX_QUEUED_EVENTS)) == recorded
-    assert [5] * events.MAX_QUEUED_EVENTS == counts
+    assert list(range(recording.MAX_QUEUED_EVENTS)) == recorded
+    assert [5] * recording.MAX_QUEUED_EVENTS == counts
     await broadcaster.shutdown()
 
 
@@ -864,7 +885,7 @@ async def test_recording_never_blocks_and_drops_past_the_queue_limit() -> None:
             created.append(event.reason)
             return event
 
-    broadcaster = events.EventBroadcaster(
+    broadcaster = recording.EventBroadcaster(
         SlowSink(), EventSource(component="c"), max_queued_events=2
     )
     refs = [ObjectReference(kind="Pod", name=f"p{i}", namespace="ns") for i in range(4)]
@@ -881,7 +902,7 @@ async def test_recording_never_blocks_and_drops_past_the_queue_limit() -> None:
 async def test_invalid_event_type_is_not_recorded() -> None:
     """``generateEvent``: only Normal and Warning Events are recorded."""
     sink = CachingSink()
-    broadcaster = events.EventBroadcaster(sink, EventSource(component="c"))
+    broadcaster = recording.EventBroadcaster(sink, EventSource(component="c"))
     broadcaster.event(ObjectReference(name="p", namespace="ns"), "Info", "R", "m")
     await broadcaster.shutdown()
     assert [] == sink.writes
@@ -896,7 +917,7 @@ async def test_shutdown_tries_each_queued_event_once_then_drops_new_ones() -> No
         attempts.append(event.reason)
         raise ConnectionError("refused")
 
-    broadcaster = events.EventBroadcaster(
+    broadcaster = recording.EventBroadcaster(
         Sink(on_create=on_create), EventSource(component="c"), rand=lambda: 1.0
     )
     for i in range(3):

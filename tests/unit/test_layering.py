@@ -75,7 +75,7 @@ def test_the_package_keeps_every_contract(tmp_path: Path) -> None:
             id="sibling-controllers-import-each-other",
         ),
         pytest.param(
-            "tally.workqueue.clock", "import tally.machinery.events",
+            "tally.workqueue.clock", "import tally.machinery.correlator",
             "Layers: Kopf wiring on top, the pure core at the bottom, imports only go down "
             "BROKEN",
             id="the-bottom-imports-machinery",

@@ -2,7 +2,7 @@
 :class:`~tally.podset.client.KubeEventRecorder`, on a fake API client that records requests.
 
 What goes over the wire (paths, methods, content types, bodies) and how API errors reach the
-sink loop (an answered error is a :class:`tally.machinery.events.StatusError`, never retried;
+sink loop (an answered error is a :class:`tally.machinery.broadcaster.StatusError`, never retried;
 anything else propagates and is retried). The correlator itself is ``test_events.py``'s.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from tally.machinery import events
+from tally.machinery.broadcaster import StatusError
+from tally.machinery.eventtypes import Event
 from tally.podset.client import KubeEventRecorder, KubeEventSink
 from tally.workqueue import FakeClock, TokenBucket
 
@@ -105,8 +106,8 @@ async def test_sink_turns_answered_errors_into_status_errors() -> None:
         },
     )
     sink = KubeEventSink(FakeApi([answered]))  # type: ignore[arg-type]
-    with pytest.raises(events.StatusError) as raised:
-        await sink.create(events.Event(name="x", namespace="ns"))
+    with pytest.raises(StatusError) as raised:
+        await sink.create(Event(name="x", namespace="ns"))
     assert 403 == raised.value.code
     assert ("NamespaceTerminating",) == raised.value.causes
     assert "being terminated" in str(raised.value)
@@ -115,7 +116,7 @@ async def test_sink_turns_answered_errors_into_status_errors() -> None:
 async def test_sink_lets_transport_errors_through_for_retry() -> None:
     sink = KubeEventSink(FakeApi([ConnectionError("refused")]))  # type: ignore[arg-type]
     with pytest.raises(ConnectionError):
-        await sink.create(events.Event(name="x", namespace="ns"))
+        await sink.create(Event(name="x", namespace="ns"))
 
 
 async def test_recorder_retries_a_transport_error_then_gives_up_on_shutdown() -> None:

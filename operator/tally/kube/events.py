@@ -3,7 +3,7 @@
 For reports that happen once per change of state (a quota that names what cannot be counted; a
 ClusterQuota whose usage stopped being computed): one POST each, no correlator. The PodSet
 controller, whose Events come per pod and must be aggregated and counted as upstream's are,
-goes through :class:`tally.machinery.events.EventBroadcaster` instead.
+goes through :class:`tally.machinery.broadcaster.EventBroadcaster` instead.
 """
 
 from __future__ import annotations

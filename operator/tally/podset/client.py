@@ -4,10 +4,10 @@ Every call has a timeout, carries tally's field manager, and turns API failures 
 :class:`tally.podset.controller.PodControlError` with the HTTP status and the Status causes
 (the controller needs "namespace terminating" and "not found" apart from other errors).
 
-Events go through :class:`tally.machinery.events.EventBroadcaster` (client-go's recorder and
-correlator): recorded without blocking, aggregated, counted and spam-filtered, then created or
-patched by one background task through :class:`KubeEventSink`. A lost Event must never fail or
-slow a sync.
+Events go through :class:`tally.machinery.broadcaster.EventBroadcaster` (client-go's recorder
+and correlator): recorded without blocking, aggregated, counted and spam-filtered, then created
+or patched by one background task through :class:`KubeEventSink`. A lost Event must never fail
+or slow a sync.
 
 An optional :class:`tally.workqueue.TokenBucket` (``TALLY_PODSET_QPS`` /
 ``TALLY_PODSET_BURST``, built by :func:`token_bucket`) sits in front of the pod writes, the
@@ -30,8 +30,15 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from tally.kube import rest
-from tally.machinery import events
+from tally.machinery.broadcaster import EventBroadcaster, StatusError
 from tally.machinery.errors import Conflict
+from tally.machinery.eventtypes import (
+    Event,
+    EventSource,
+    ObjectReference,
+    event_from_json,
+    event_to_json,
+)
 from tally.podset.claim import PATCH_CONTENT_TYPE, PODSET_API_VERSION, PODSET_KIND
 from tally.podset.controller import PodControlError
 from tally.workqueue import TokenBucket
@@ -147,14 +154,14 @@ class KubePodSetClient:
 
 
 class KubeEventSink:
-    """:class:`tally.machinery.events.EventSink` over the core/v1 events API (client-go's
+    """:class:`tally.machinery.broadcaster.EventSink` over the core/v1 events API (client-go's
     ``EventSinkImpl``): POST to create, strategic merge PATCH to count a repeat."""
 
     def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
         self._api = api
         self._limiter = limiter
 
-    async def _call(self, path: str, method: str, body: Any, content_type: str) -> events.Event:
+    async def _call(self, path: str, method: str, body: Any, content_type: str) -> Event:
         if self._limiter is not None:
             await self._limiter.wait()
         try:
@@ -173,14 +180,14 @@ class KubeEventSink:
             # The server answered: the correlator's sink loop must not retry (upstream's
             # StatusError). Anything else (no connection, a timeout) propagates and is retried.
             message, causes = _status_of(error)
-            raise events.StatusError(int(error.status or 0), message, tuple(causes)) from error
-        return events.event_from_json(raw if isinstance(raw, Mapping) else {})
+            raise StatusError(int(error.status or 0), message, tuple(causes)) from error
+        return event_from_json(raw if isinstance(raw, Mapping) else {})
 
-    async def create(self, event: events.Event) -> events.Event:
+    async def create(self, event: Event) -> Event:
         path = rest.collection_path("", "v1", "events", event.namespace)
-        return await self._call(path, "POST", events.event_to_json(event), "application/json")
+        return await self._call(path, "POST", event_to_json(event), "application/json")
 
-    async def patch(self, event: events.Event, patch: Mapping[str, Any] | None) -> events.Event:
+    async def patch(self, event: Event, patch: Mapping[str, Any] | None) -> Event:
         path = rest.collection_path("", "v1", "events", event.namespace) + f"/{event.name}"
         return await self._call(path, "PATCH", dict(patch or {}), PATCH_CONTENT_TYPE)
 
@@ -188,18 +195,19 @@ class KubeEventSink:
 class KubeEventRecorder:
     """Records Events about PodSets like upstream's ReplicaSet controller: through client-go's
     correlator (aggregation, counting, spam filter) and one background writer
-    (:class:`tally.machinery.events.EventBroadcaster`), with source ``tally-podset-controller``."""
+    (:class:`tally.machinery.broadcaster.EventBroadcaster`), with source
+    ``tally-podset-controller``."""
 
     def __init__(self, api: client.ApiClient, *, limiter: TokenBucket | None = None) -> None:
-        self._broadcaster = events.EventBroadcaster(
-            KubeEventSink(api, limiter=limiter), events.EventSource(component=COMPONENT)
+        self._broadcaster = EventBroadcaster(
+            KubeEventSink(api, limiter=limiter), EventSource(component=COMPONENT)
         )
 
     def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         metadata = obj.get("metadata") or {}
         # ``ref.GetReference``: the object as the controller saw it, resourceVersion included
         # (no correlation key uses it).
-        ref = events.ObjectReference(
+        ref = ObjectReference(
             kind=PODSET_KIND,
             namespace=str(metadata.get("namespace") or ""),
             name=str(metadata.get("name") or ""),

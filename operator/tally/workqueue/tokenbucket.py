@@ -8,7 +8,7 @@ through the ``rate.Limiter`` method it calls:
 * the PodSet client's client-side QPS limit (``flowcontrol.NewTokenBucketRateLimiter``, which
   ``tally.podset.client.token_bucket`` builds from the settings): :meth:`TokenBucket.wait`;
 * the event correlator's spam filter (``flowcontrol.NewTokenBucketPassiveRateLimiter`` in
-  :mod:`tally.machinery.events`): :meth:`TokenBucket.allow`, ``AllowN(now, 1)``.
+  :mod:`tally.machinery.correlator`): :meth:`TokenBucket.allow`, ``AllowN(now, 1)``.
 
 The model, as upstream: the bucket holds at most ``burst`` tokens and gains ``qps`` a second;
 it starts full. Tokens are counted lazily: the bucket remembers how many it held at the last
