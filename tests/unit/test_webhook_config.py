@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+import builders
 from tally.app.settings import Settings, SettingsError
 from tally.evaluators.base import Evaluator, GroupResource, Operation
 from tally.evaluators.measured import MeasuredEvaluator
@@ -36,8 +38,8 @@ pytestmark = pytest.mark.unit
 WIDGETS = GroupResource("example.com", "widgets")
 
 
-def quota(spec_hard: dict[str, str], status_hard: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"spec": {"hard": spec_hard}, "status": {"hard": status_hard or {}}}
+# Quotas as the registrar reads them: spec.hard and status.hard ({} unless given), no metadata.
+quota = functools.partial(builders.resource_quota, None, status_hard={})
 
 
 @pytest.mark.parametrize(
@@ -55,7 +57,7 @@ def quota(spec_hard: dict[str, str], status_hard: dict[str, str] | None = None) 
             id="core-count-not-already-covered",
         ),
         pytest.param(
-            [quota({}, {"count/jobs.batch": "1"})],
+            [quota({}, status_hard={"count/jobs.batch": "1"})],
             {GroupResource("batch", "jobs")},
             id="removed-from-spec-but-still-in-status",
         ),
@@ -72,7 +74,7 @@ def test_count_resources_by_a_registered_evaluators_names() -> None:
     claims = GroupResource("resource.k8s.io", "resourceclaims")
     evaluators = new_registry().list()
     gold = quota({"gold.deviceclass.resource.k8s.io/devices": "1"})
-    in_status = quota({}, {"silver.deviceclass.resource.k8s.io/devices": "1"})
+    in_status = quota({}, status_hard={"silver.deviceclass.resource.k8s.io/devices": "1"})
     assert count_resources([gold], evaluators) == {claims}
     assert count_resources([in_status], evaluators) == {claims}
     assert count_resources([quota({"services.nodeports": "1", "cpu": "1"})], evaluators) == set()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.admission.attributes import Attributes
 from tally.admission.checks import Request, check_batch
 from tally.clusterquota import quota as cluster
@@ -159,11 +160,8 @@ def test_a_valid_spec_has_no_problem() -> None:
     assert [] == cluster.validate(_cq({"pods": "10", "requests.cpu": "2"}))
 
 
-def _pod(namespace: str, name: str) -> Request:
-    obj = {
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"containers": [{"name": "a"}]},
-    }
+def _pod_request(namespace: str, name: str) -> Request:
+    obj = builders.pod(name, namespace=namespace, image=None)
     attributes = Attributes(namespace, name, PODS, "", "CREATE", obj)
     evaluator = new_registry().get(PODS)
     assert evaluator is not None
@@ -181,7 +179,12 @@ def test_a_batch_across_namespaces_charges_one_cluster_quota_once_and_each_own_q
         "spec": {"hard": {"pods": "1"}},
         "status": {"hard": {"pods": "1"}, "used": {"pods": "0"}},
     }
-    requests = [_pod("a", "p1"), _pod("b", "p2"), _pod("a", "p3"), _pod("b", "p4")]
+    requests = [
+        _pod_request("a", "p1"),
+        _pod_request("b", "p2"),
+        _pod_request("a", "p3"),
+        _pod_request("b", "p4"),
+    ]
 
     def applies(request: Request, quota: Any) -> bool:
         return quota.get("kind") == "ClusterQuota" or request.attributes.namespace == "a"

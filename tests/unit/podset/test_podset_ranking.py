@@ -43,12 +43,14 @@ def _ranked_pod(
     created: dt.datetime | None,
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Upstream TestSortingActivePodsWithRanks' ``pod`` helper (no timestamp or annotations
-    when not given: the ranking reads them with defaults)."""
+    """Upstream TestSortingActivePodsWithRanks' ``pod`` helper: a timestamp and annotations
+    not given are there as ``None`` (Go's nil)."""
     return builders.pod(
         name,
-        creation_timestamp=_ts(created),
-        annotations=annotations or None,
+        metadata={
+            "creationTimestamp": _ts(created),
+            "annotations": dict(annotations) if annotations else None,
+        },
         bare=True,
         node_name=node,
         phase=phase,

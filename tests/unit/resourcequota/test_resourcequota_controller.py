@@ -27,11 +27,13 @@ Not covered here: the worker loop and the resync timer (``start``/``stop``), and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
+import builders
 from tally.charges import ChargeLedger, FirstSyncs, ObjectRef
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, UsageError, new_registry
@@ -109,62 +111,65 @@ def resource_list(cpu: str = "", memory: str = "") -> dict[str, str]:
     return result
 
 
-def pod(
-    name: str,
-    phase: str,
-    requests: Mapping[str, str],
-    *,
-    priority_class: str = "",
-    active_deadline_seconds: int | None = None,
-    namespace: str = "testing",
-) -> Obj:
-    spec: Obj = {
-        "volumes": [{"name": "vol"}],
-        "containers": [
-            {
-                "name": "ctr",
-                "image": "image",
-                "resources": {"requests": dict(requests), "limits": {}},
-            }
-        ],
-    }
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if active_deadline_seconds is not None:
-        spec["activeDeadlineSeconds"] = active_deadline_seconds
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-        "spec": spec,
-        "status": {"phase": phase},
-    }
+# Upstream's test objects (builders.py): pods with a volume and one container "ctr" whose
+# limits are empty, quotas at resourceVersion 7 (spec always there, status only when given).
+pod = functools.partial(
+    builders.pod,
+    namespace="testing",
+    uid="uid-{name}",
+    volumes=[{"name": "vol"}],
+    container_name="ctr",
+    image="image",
+    resources="both",
+    with_kind=True,
+)
+resource_quota = functools.partial(
+    builders.resource_quota,
+    namespace="testing",
+    uid="uid-{namespace}-{name}",
+    resource_version="7",
+    spec={},
+    with_kind=True,
+)
+config_map = functools.partial(
+    builders.config_map, namespace="default", uid="uid-{name}", with_kind=True
+)
 
 
 def new_test_pods() -> list[Obj]:
     """Upstream ``newTestPods``: two running pods of 100m/1Gi, and a failed one."""
     return [
-        pod("pod-running", "Running", resource_list("100m", "1Gi")),
-        pod("pod-running-2", "Running", resource_list("100m", "1Gi")),
-        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+        pod("pod-running", resource_list("100m", "1Gi"), phase="Running"),
+        pod("pod-running-2", resource_list("100m", "1Gi"), phase="Running"),
+        pod("pod-failed", resource_list("100m", "1Gi"), phase="Failed"),
     ]
 
 
 def new_best_effort_test_pods() -> list[Obj]:
     """Upstream ``newBestEffortTestPods``: two running best-effort pods, a failed burstable."""
     return [
-        pod("pod-running", "Running", resource_list()),
-        pod("pod-running-2", "Running", resource_list()),
-        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+        pod("pod-running", resource_list(), phase="Running"),
+        pod("pod-running-2", resource_list(), phase="Running"),
+        pod("pod-failed", resource_list("100m", "1Gi"), phase="Failed"),
     ]
 
 
 def new_test_pods_with_priority_classes() -> list[Obj]:
     """Upstream ``newTestPodsWithPriorityClasses``: high 500m/50Gi, low 100m/1Gi, a failed."""
     return [
-        pod("pod-running", "Running", resource_list("500m", "50Gi"), priority_class="high"),
-        pod("pod-running-2", "Running", resource_list("100m", "1Gi"), priority_class="low"),
-        pod("pod-failed", "Failed", resource_list("100m", "1Gi")),
+        pod(
+            "pod-running",
+            resource_list("500m", "50Gi"),
+            phase="Running",
+            priority_class_name="high",
+        ),
+        pod(
+            "pod-running-2",
+            resource_list("100m", "1Gi"),
+            phase="Running",
+            priority_class_name="low",
+        ),
+        pod("pod-failed", resource_list("100m", "1Gi"), phase="Failed"),
     ]
 
 
@@ -172,51 +177,14 @@ def new_terminating_test_pods() -> list[Obj]:
     """Not upstream: a running pod with a deadline (terminating), one without, a failed one."""
     return [
         pod(
-            "pod-terminating", "Running", resource_list("500m", "50Gi"), active_deadline_seconds=60
+            "pod-terminating",
+            resource_list("500m", "50Gi"),
+            phase="Running",
+            active_deadline_seconds=60,
         ),
-        pod("pod-running", "Running", resource_list("100m", "1Gi")),
-        pod("pod-failed", "Failed", resource_list("100m", "1Gi"), active_deadline_seconds=60),
+        pod("pod-running", resource_list("100m", "1Gi"), phase="Running"),
+        pod("pod-failed", resource_list("100m", "1Gi"), phase="Failed", active_deadline_seconds=60),
     ]
-
-
-def configmap(name: str, namespace: str = "default") -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-    }
-
-
-def resource_quota(
-    hard: Mapping[str, str] | None,
-    *,
-    name: str = "quota",
-    namespace: str = "testing",
-    scopes: Sequence[str] = (),
-    scope_selector: Sequence[Mapping[str, Any]] = (),
-    status: Mapping[str, Any] | None = None,
-) -> Obj:
-    spec: Obj = {}
-    if hard is not None:
-        spec["hard"] = dict(hard)
-    if scopes:
-        spec["scopes"] = list(scopes)
-    if scope_selector:
-        spec["scopeSelector"] = {"matchExpressions": [dict(e) for e in scope_selector]}
-    result: Obj = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{namespace}-{name}",
-            "resourceVersion": "7",
-        },
-        "spec": spec,
-    }
-    if status is not None:
-        result["status"] = dict(status)
-    return result
 
 
 # The quota spec shared by most rows of upstream's TestSyncResourceQuota.
@@ -281,7 +249,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
     [
         # TestSyncResourceQuota "non-matching-best-effort-scoped-quota"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scopes=["BestEffort"]),
+            resource_quota("quota", HARD_3_100GI_5, scopes=["BestEffort"]),
             {PODS: new_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
@@ -290,7 +258,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "matching-best-effort-scoped-quota"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scopes=["BestEffort"]),
+            resource_quota("quota", HARD_3_100GI_5, scopes=["BestEffort"]),
             {PODS: new_best_effort_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "2"}},
@@ -299,7 +267,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "non-matching-priorityclass-scoped-quota-OpExists"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")
+            ),
             {PODS: new_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
@@ -308,7 +278,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpExists"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("Exists")
+            ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "600m", "memory": "51Gi", "pods": "2"}},
@@ -318,7 +290,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn"
         pytest.param(
             resource_quota(
-                HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high", "low")
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high", "low")
             ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
@@ -328,7 +300,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn-high"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("In", "high")
+            ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "500m", "memory": "50Gi", "pods": "1"}},
@@ -337,7 +311,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpIn-low"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "low")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("In", "low")
+            ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
@@ -347,7 +323,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpNotIn-low" (its
         # selector is NotIn [high], so it matches the "low" pod)
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "high")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "high")
+            ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
@@ -356,7 +334,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "non-matching-priorityclass-scoped-quota-OpIn"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("In", "random")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("In", "random")
+            ),
             {PODS: new_test_pods_with_priority_classes()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "0", "memory": "0", "pods": "0"}},
@@ -367,7 +347,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # a priority class are NotIn [random])
         pytest.param(
             resource_quota(
-                HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "random")
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("NotIn", "random")
             ),
             {PODS: new_test_pods()},
             [],
@@ -377,7 +357,9 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "matching-priorityclass-scoped-quota-OpDoesNotExist"
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scope_selector=priority_class_selector("DoesNotExist")),
+            resource_quota(
+                "quota", HARD_3_100GI_5, scope_selector=priority_class_selector("DoesNotExist")
+            ),
             {PODS: new_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "200m", "memory": "2Gi", "pods": "2"}},
@@ -386,7 +368,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # TestSyncResourceQuota "pods" (also the old single-case TestSyncResourceQuota)
         pytest.param(
-            resource_quota(HARD_3_100GI_5),
+            resource_quota("quota", HARD_3_100GI_5),
             {PODS: new_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "200m", "memory": "2Gi", "pods": "2"}},
@@ -396,8 +378,8 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # TestSyncResourceQuota "quota-spec-hard-updated" (was TestSyncResourceQuotaSpecChange)
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "3"}, "used": {"cpu": "0"}},
             ),
@@ -411,8 +393,8 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # status.hard and status.used.
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={
                     "hard": {"cpu": "3", "memory": "1Gi"},
@@ -430,9 +412,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # action: status.hard (cpu 0) differs from spec.hard and status.used is missing, so
         # the status is written.
         pytest.param(
-            resource_quota(
-                {"cpu": "4"}, name="rq", namespace="default", status={"hard": {"cpu": "0"}}
-            ),
+            resource_quota("rq", {"cpu": "4"}, namespace="default", status={"hard": {"cpu": "0"}}),
             {PODS: []},
             [],
             {"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
@@ -442,7 +422,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # TestSyncResourceQuota "quota-missing-status-with-calculation-error": the pods lister
         # fails; the status is still written (hard, and no used), then the error is returned.
         pytest.param(
-            resource_quota({"pods": "1"}, name="rq", namespace="default", status={}),
+            resource_quota("rq", {"pods": "1"}, namespace="default", status={}),
             {},
             [PODS],
             {"hard": {"pods": "1"}, "used": {}},
@@ -452,9 +432,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # TestSyncResourceQuota "quota-missing-status-with-partial-calculation-error": the
         # configmaps usage is written although the pods lister fails.
         pytest.param(
-            resource_quota(
-                {"pods": "1", "configmaps": "1"}, name="rq", namespace="default", status={}
-            ),
+            resource_quota("rq", {"pods": "1", "configmaps": "1"}, namespace="default", status={}),
             {CONFIGMAPS: []},
             [PODS],
             {"hard": {"pods": "1", "configmaps": "1"}, "used": {"configmaps": "0"}},
@@ -465,15 +443,15 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # what CalculateUsage returned): a failing lister keeps the last observed value.
         pytest.param(
             resource_quota(
+                "rq",
                 {"pods": "1", "configmaps": "5"},
-                name="rq",
                 namespace="default",
                 status={
                     "hard": {"pods": "1", "configmaps": "5"},
                     "used": {"pods": "1", "configmaps": "3"},
                 },
             ),
-            {CONFIGMAPS: [configmap("cm-1")]},
+            {CONFIGMAPS: [config_map("cm-1")]},
             [PODS],
             {"hard": {"pods": "1", "configmaps": "5"}, "used": {"pods": "1", "configmaps": "1"}},
             "error listing",
@@ -482,7 +460,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # Upstream rule, spec section 3: "Hard names that no evaluator matches never get a used
         # value". upstream TestAddQuota's "foobars.example.com" is such a name.
         pytest.param(
-            resource_quota({"cpu": "3", "foobars.example.com": "4"}),
+            resource_quota("quota", {"cpu": "3", "foobars.example.com": "4"}),
             {PODS: new_test_pods()},
             [],
             {"hard": {"cpu": "3", "foobars.example.com": "4"}, "used": {"cpu": "200m"}},
@@ -492,6 +470,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # Upstream rule, spec section 3: "values the evaluators could not compute are kept".
         pytest.param(
             resource_quota(
+                "quota",
                 {"cpu": "3", "foobars.example.com": "4"},
                 status={
                     "hard": {"cpu": "3", "foobars.example.com": "4"},
@@ -510,7 +489,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         # Not an upstream row: the Terminating scope (activeDeadlineSeconds >= 0, upstream
         # IsTerminating) counts the running pod with a deadline; the failed one never counts.
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scopes=["Terminating"]),
+            resource_quota("quota", HARD_3_100GI_5, scopes=["Terminating"]),
             {PODS: new_terminating_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "500m", "memory": "50Gi", "pods": "1"}},
@@ -519,7 +498,7 @@ def assert_resource_list(expected: Mapping[str, str], actual: Mapping[str, str])
         ),
         # Not an upstream row: NotTerminating counts the pod without a deadline.
         pytest.param(
-            resource_quota(HARD_3_100GI_5, scopes=["NotTerminating"]),
+            resource_quota("quota", HARD_3_100GI_5, scopes=["NotTerminating"]),
             {PODS: new_terminating_test_pods()},
             [],
             {"hard": HARD_3_100GI_5, "used": {"cpu": "100m", "memory": "1Gi", "pods": "1"}},
@@ -558,8 +537,8 @@ async def test_sync_resource_quota(
         # the pod list.
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
             ),
@@ -571,6 +550,7 @@ async def test_sync_resource_quota(
         # TestSyncResourceQuota "pods", written in other formats.
         pytest.param(
             resource_quota(
+                "quota",
                 HARD_3_100GI_5,
                 status={
                     "hard": {"cpu": "3000m", "memory": "102400Mi", "pods": "5"},
@@ -583,8 +563,8 @@ async def test_sync_resource_quota(
         # Spec section 3, same rule for spec.hard against status.hard.
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4000m"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
             ),
@@ -595,6 +575,7 @@ async def test_sync_resource_quota(
         # without one for it is not dirty.
         pytest.param(
             resource_quota(
+                "quota",
                 {"cpu": "3", "foobars.example.com": "4"},
                 status={
                     "hard": {"cpu": "3", "foobars.example.com": "4"},
@@ -617,7 +598,7 @@ async def test_sync_resource_quota_no_write(
 async def test_sync_resource_quota_converges() -> None:
     # Upstream rule (the dirty check of syncResourceQuota): once the status of
     # TestSyncResourceQuota "pods" is written, syncing the updated quota writes nothing.
-    quota_obj = resource_quota(HARD_3_100GI_5)
+    quota_obj = resource_quota("quota", HARD_3_100GI_5)
     controller, writer = new_controller([quota_obj], {PODS: new_test_pods()})
     await controller.sync_resource_quota(quota_obj)
     assert 1 == len(writer.writes)
@@ -628,7 +609,7 @@ async def test_sync_resource_quota_converges() -> None:
 
 async def test_sync_resource_quota_conflict_is_returned() -> None:
     # Upstream: an UpdateStatus error is appended to errs and returned, so the key is retried.
-    quota_obj = resource_quota(HARD_3_100GI_5)
+    quota_obj = resource_quota("quota", HARD_3_100GI_5)
     controller, writer = new_controller(
         [quota_obj], {PODS: new_test_pods()}, writer=FakeStatusWriter(conflict=True)
     )
@@ -645,23 +626,21 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
     [
         # TestAddQuota "no status"
         pytest.param(
-            resource_quota({"cpu": "4"}, name="rq", namespace="default"),
+            resource_quota("rq", {"cpu": "4"}, namespace="default"),
             True,
             id="no status",
         ),
         # TestAddQuota "status, no usage"
         pytest.param(
-            resource_quota(
-                {"cpu": "4"}, name="rq", namespace="default", status={"hard": {"cpu": "4"}}
-            ),
+            resource_quota("rq", {"cpu": "4"}, namespace="default", status={"hard": {"cpu": "4"}}),
             True,
             id="status, no usage",
         ),
         # TestAddQuota "status, no usage(to validate it works for extended resources)"
         pytest.param(
             resource_quota(
+                "rq",
                 {"requests.example/foobars.example.com": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"requests.example/foobars.example.com": "4"}},
             ),
@@ -671,8 +650,8 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
         # TestAddQuota "status, mismatch"
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "6"}, "used": {"cpu": "0"}},
             ),
@@ -682,8 +661,8 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
         # TestAddQuota "status, missing usage, but don't care (no informer)"
         pytest.param(
             resource_quota(
+                "rq",
                 {"foobars.example.com": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"foobars.example.com": "4"}},
             ),
@@ -693,8 +672,8 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
         # TestAddQuota "ready"
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "4"}, "used": {"cpu": "0"}},
             ),
@@ -705,8 +684,8 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
         # with Cmp): the same hard value in another format is no mismatch.
         pytest.param(
             resource_quota(
+                "rq",
                 {"cpu": "4"},
-                name="rq",
                 namespace="default",
                 status={"hard": {"cpu": "4000m"}, "used": {"cpu": "0"}},
             ),
@@ -717,7 +696,7 @@ async def test_sync_resource_quota_conflict_is_returned() -> None:
         # empty slice *is* equal to a nil slice for our purposes; same for maps"), so an empty
         # spec.hard and a missing status.hard are no mismatch, and nothing lacks usage.
         pytest.param(
-            resource_quota({}, name="rq", namespace="default"),
+            resource_quota("rq", {}, namespace="default"),
             False,
             id="empty spec.hard, no status",
         ),
@@ -745,8 +724,8 @@ def _with_hard(quota_obj: Obj, hard: Mapping[str, str]) -> Obj:
 
 
 READY = resource_quota(
+    "rq",
     {"cpu": "4", "pods": "5"},
-    name="rq",
     namespace="default",
     status={"hard": {"cpu": "4", "pods": "5"}, "used": {"cpu": "0", "pods": "0"}},
 )
@@ -812,9 +791,9 @@ async def test_delete_quota_enqueues_on_the_primary_queue() -> None:
 async def test_enqueue_all_puts_every_quota_on_the_primary_queue() -> None:
     # Upstream enqueueAll (the full resync): every quota, on the primary queue.
     quotas = [
-        resource_quota({"cpu": "1"}, name="a", namespace="ns-1"),
-        resource_quota({"cpu": "1"}, name="b", namespace="ns-1"),
-        resource_quota({"cpu": "1"}, name="c", namespace="ns-2"),
+        resource_quota("a", {"cpu": "1"}, namespace="ns-1"),
+        resource_quota("b", {"cpu": "1"}, namespace="ns-1"),
+        resource_quota("c", {"cpu": "1"}, namespace="ns-2"),
     ]
     controller, _ = new_controller(quotas)
     controller.enqueue_all()
@@ -830,7 +809,7 @@ async def test_enqueue_all_puts_every_quota_on_the_primary_queue() -> None:
 def _tracking(name: str, status_hard: Mapping[str, str] | None, namespace: str = "ns") -> Obj:
     status = None if status_hard is None else {"hard": dict(status_hard)}
     return resource_quota(
-        dict(status_hard or {"pods": "5"}), name=name, namespace=namespace, status=status
+        name, dict(status_hard or {"pods": "5"}), namespace=namespace, status=status
     )
 
 
@@ -864,7 +843,7 @@ def _tracking(name: str, status_hard: Mapping[str, str] | None, namespace: str =
         # stayed uncounted that way); enqueued again, it runs once more after it finishes.
         pytest.param([_tracking("q", None)], PODS, "ns", [("ns", "q")], id="no status.hard"),
         pytest.param(
-            [resource_quota({"services": "1"}, name="q", namespace="ns")],
+            [resource_quota("q", {"services": "1"}, namespace="ns")],
             PODS,
             "ns",
             [],
@@ -975,12 +954,18 @@ def _two_configmaps_charged_one_more(
     ``held`` is None) a pending charge of ``held`` configmaps for a third one; the clock at 100
     and the charge's deadline at 105."""
     quota_obj = resource_quota(
+        "quota",
         {"configmaps": "10"},
         status={"hard": {"configmaps": "10"}, "used": {"configmaps": status_configmaps}},
     )
     controller, writer = new_controller(
         [quota_obj],
-        {GroupResource("", "configmaps"): [configmap("a", "testing"), configmap("b", "testing")]},
+        {
+            GroupResource("", "configmaps"): [
+                config_map("a", namespace="testing"),
+                config_map("b", namespace="testing"),
+            ]
+        },
     )
     now = [100.0]
     ledger = ChargeLedger(5.0, clock=lambda: now[0])
@@ -1064,7 +1049,7 @@ async def test_a_kind_without_a_store_keeps_its_last_observation() -> None:
     claims = GroupResource("resource.k8s.io", "resourceclaims")
     gold = "gold.deviceclass.resource.k8s.io/devices"
     hard = {"pods": "5", "count/resourceclaims.resource.k8s.io": "2", gold: "2"}
-    quota_obj = resource_quota(hard)
+    quota_obj = resource_quota("quota", hard)
     controller, writer = new_controller([quota_obj], {PODS: new_test_pods()})
     await controller.sync_resource_quota(quota_obj)
     assert 1 == len(writer.writes)
