@@ -9,11 +9,13 @@ and can fail with 409.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
+import builders
 from tally.charges import ChargeLedger
 from tally.clusterquota.quota import raised_shares
 from tally.kube import rest
@@ -31,13 +33,16 @@ OTHER_KEY = QuotaKey("a", "other")
 RAISE = {"cpu": Quantity.parse("1")}
 
 
-def quota(key: QuotaKey = KEY, rv: str = "1") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"namespace": key[0], "name": key[1], "resourceVersion": rv},
-        "status": {"hard": {"cpu": "10"}, "used": {"cpu": "1"}},
-    }
+# The quota a/q (KEY) as stored: a status and no spec.
+quota = functools.partial(
+    builders.resource_quota,
+    name="q",
+    namespace="a",
+    resource_version="1",
+    used={"cpu": "1"},
+    status_hard={"cpu": "10"},
+    with_kind=True,
+)
 
 
 class FakePut:
@@ -81,7 +86,7 @@ def accessor(ledger: ChargeLedger) -> KubeQuotaAccessor:
 
 async def write(accessor: KubeQuotaAccessor, put: FakePut, rv: str, key: QuotaKey = KEY) -> None:
     put.answers.append(rv)
-    stored = await accessor.update_quota_status(quota(key))
+    stored = await accessor.update_quota_status(quota(name=key.name, namespace=key.namespace))
     assert rv == stored["metadata"]["resourceVersion"]
 
 
@@ -362,8 +367,8 @@ async def test_a_copy_read_after_a_lost_write_is_for_admission_not_the_controlle
 ) -> None:
     # The controller writes over newest(); a copy its watch has not delivered may carry
     # another replica's raise that is not held yet, so it must not see one.
-    cached = {**quota(rv="5"), "status": {"hard": {"cpu": "10"}, "used": {"cpu": "1"}}}
-    live = {**quota(rv="9"), "status": {"hard": {"cpu": "10"}, "used": {"cpu": "3"}}}
+    cached = quota(resource_version="5")
+    live = quota(resource_version="9", used={"cpu": "3"})
     store: Store[dict[str, Any]] = Store(lambda o: o)
     store.upsert(cached)
 
@@ -391,7 +396,7 @@ async def test_admission_and_the_controller_write_through_their_own_clients(
 
     async def get_json(api: object, path: str) -> dict[str, Any]:
         read.append(api)
-        return quota(rv="9")
+        return quota(resource_version="9")
 
     monkeypatch.setattr(rest, "get_json", get_json)
     accessor = KubeQuotaAccessor(
@@ -401,7 +406,7 @@ async def test_admission_and_the_controller_write_through_their_own_clients(
     )
     put.answers += ["2", "3"]
     await accessor.update_quota_status(quota())
-    await accessor.update_status(quota(rv="2"), {"used": {"cpu": "2"}})
+    await accessor.update_status(quota(resource_version="2"), {"used": {"cpu": "2"}})
     await accessor.refresh(quota())
     assert [admission, controller] == put.clients
     assert [admission] == read

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from builders import cluster_quota, resource_quota
 from tally.cli.status import (
     RESOURCE_QUOTA,
     ResourceUse,
@@ -25,20 +26,6 @@ pytestmark = pytest.mark.unit
 
 def q(text: str) -> Quantity:
     return Quantity.parse(text)
-
-
-def rq(name: str, namespace: str, **body: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": namespace}, **body}
-
-
-def cq(
-    name: str, selector: Any, status: dict[str, Any] | None = None, **quota: Any
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {"namespaceSelector": selector, "quota": quota},
-        **({"status": status} if status is not None else {}),
-    }
 
 
 @pytest.mark.parametrize(
@@ -67,9 +54,9 @@ def test_resource_use(
 
 def test_resource_quota_reads_the_status_the_controller_wrote() -> None:
     use = resource_quota_use(
-        rq(
+        resource_quota(
             "demo",
-            "a",
+            namespace="a",
             spec={"hard": {"pods": "9"}, "scopes": ["NotBestEffort"]},
             status={"hard": {"pods": "5", "requests.cpu": "1"}, "used": {"pods": "3"}},
         )
@@ -85,12 +72,14 @@ def test_resource_quota_reads_the_status_the_controller_wrote() -> None:
 
 
 def test_a_resource_quota_before_its_first_sync_shows_its_spec_with_the_use_unknown() -> None:
-    use = resource_quota_use(rq("new", "a", spec={"hard": {"pods": "2"}}))
+    use = resource_quota_use(resource_quota("new", namespace="a", spec={"hard": {"pods": "2"}}))
     assert [("pods", q("2"), None)] == [(r.name, r.hard, r.used) for r in use.resources]
 
 
 def test_a_value_that_does_not_parse_is_reported_not_raised() -> None:
-    use = resource_quota_use(rq("bad", "a", status={"hard": {"pods": "x"}, "used": {}}))
+    use = resource_quota_use(
+        resource_quota("bad", namespace="a", status={"hard": {"pods": "x"}, "used": {}})
+    )
     assert () == use.resources
     assert "status.hard[pods]" in use.problem
 
@@ -98,9 +87,9 @@ def test_a_value_that_does_not_parse_is_reported_not_raised() -> None:
 def test_scope_selectors_read_as_a_person_writes_them() -> None:
     expression = {"scopeName": "PriorityClass", "operator": "In", "values": ["high", "low"]}
     use = resource_quota_use(
-        rq(
+        resource_quota(
             "p",
-            "a",
+            namespace="a",
             spec={"hard": {"pods": "1"}, "scopeSelector": {"matchExpressions": [expression]}},
         )
     )
@@ -116,7 +105,9 @@ def test_cluster_quota_total_and_the_bound_namespaces_share() -> None:
         ],
         "namespaceCount": 3,
     }
-    use = cluster_quota_use(cq("team", {}, status, hard={"pods": "10"}), ["c", "a"])
+    use = cluster_quota_use(
+        cluster_quota("team", {"pods": "10"}, selector={}, status=status), ["c", "a"]
+    )
     assert CLUSTER_QUOTA_KIND == use.kind
     assert "team" == use.title
     assert [("pods", q("10"), q("7"))] == [(r.name, r.hard, r.used) for r in use.resources]
@@ -151,7 +142,7 @@ def test_binding_cluster_quotas(selector: Any, bound: list[str] | None) -> None:
         "a2": {"team": "a", "kubernetes.io/metadata.name": "a2"},
         "b1": {"team": "b", "kubernetes.io/metadata.name": "b1"},
     }
-    found = binding_cluster_quotas([cq("x", selector, hard={"pods": "1"})], labels)
+    found = binding_cluster_quotas([cluster_quota("x", {"pods": "1"}, selector=selector)], labels)
     assert ([] if bound is None else [("x", bound)]) == [
         (obj["metadata"]["name"], names) for obj, names in found
     ]
@@ -160,11 +151,14 @@ def test_binding_cluster_quotas(selector: Any, bound: list[str] | None) -> None:
 def test_report_orders_resource_quotas_then_cluster_quotas() -> None:
     report = status_report(
         ["a"],
-        [rq("z", "a", spec={"hard": {"pods": "1"}}), rq("m", "a", spec={"hard": {"pods": "1"}})],
         [
-            cq("later", {}, hard={"pods": "1"}),
-            cq("earlier", {}, hard={"pods": "1"}),
-            cq("other", {"matchLabels": {"team": "b"}}, hard={"pods": "1"}),
+            resource_quota("z", namespace="a", spec={"hard": {"pods": "1"}}),
+            resource_quota("m", namespace="a", spec={"hard": {"pods": "1"}}),
+        ],
+        [
+            cluster_quota("later", {"pods": "1"}, selector={}),
+            cluster_quota("earlier", {"pods": "1"}, selector={}),
+            cluster_quota("other", {"pods": "1"}, selector={"matchLabels": {"team": "b"}}),
         ],
         {"a": {"team": "a"}},
     )
