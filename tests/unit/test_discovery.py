@@ -9,11 +9,13 @@ discovery GETs with a dict of documents.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
 
+import builders
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import IGNORED_RESOURCES, new_registry
 from tally.kube.reflector import StatusError
@@ -183,21 +185,18 @@ def test_quotable_problem(verbs: list[str], namespaced: bool, reason: str | None
 # -- the named set
 
 
-def quota(name: str, spec: dict[str, str] | None, status: dict[str, str] | None = None) -> Obj:
-    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}}
-    if spec is not None:
-        obj["spec"] = {"hard": spec}
-    if status is not None:
-        obj["status"] = {"hard": status}
-    return obj
+# Quotas of namespace ns: spec.hard as given, status.hard (status_hard=) when given.
+quota = functools.partial(builders.resource_quota, namespace="ns", uid="uid-{name}")
 
 
 def test_named_resources_from_spec_and_status() -> None:
     q1 = quota("q1", {"count/widgets.example.com": "1", "pods": "3", "count/pods": "2"})
     q2 = quota(
-        "q2", {"cpu": "1"}, {"count/widgets.example.com": "1", "count/deployments.apps": "4"}
+        "q2",
+        {"cpu": "1"},
+        status_hard={"count/widgets.example.com": "1", "count/deployments.apps": "4"},
     )
-    q3 = quota("q3", {"count/deployments.apps": "1"}, {"count/deployments.apps": "1"})
+    q3 = quota("q3", {"count/deployments.apps": "1"}, status_hard={"count/deployments.apps": "1"})
     found = named_resources(
         [q1, q2, q3],
         exclude={GroupResource("", "pods")},
@@ -231,7 +230,7 @@ def test_named_resources_by_a_registered_evaluators_names() -> None:
     # registered claim evaluator measures the name. Watched kinds stay excluded (services).
     registry = new_registry()
     gold = quota("gold", {"gold.deviceclass.resource.k8s.io/devices": "1"})
-    by_status = quota("s", {}, {"silver.deviceclass.resource.k8s.io/devices": "1"})
+    by_status = quota("s", {}, status_hard={"silver.deviceclass.resource.k8s.io/devices": "1"})
     core = quota("core", {"services.nodeports": "1", "requests.cpu": "1"})
     found = named_resources(
         [gold, by_status, core],
