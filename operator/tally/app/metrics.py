@@ -310,7 +310,7 @@ class Metrics:
         if error is not None:
             self.sync_errors.inc()
 
-    # -- tally.admission.evaluator.AdmissionMetrics
+    # -- tally.admission.metrics.AdmissionMetrics
 
     def request_finished(self, resource: str, result: str, seconds: float) -> None:
         self.admission_requests.labels(resource, result).inc()

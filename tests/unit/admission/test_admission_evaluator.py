@@ -37,13 +37,14 @@ from tally.admission import (
     LimitedResource,
     QuotaEvaluator,
 )
-from tally.admission.evaluator import OVERCHARGE_MEMORY_S, _Overcharges
+from tally.admission.overcharges import OVERCHARGE_MEMORY_S, Overcharges
 from tally.charges import ChargeLedger, ObjectRef
 from tally.evaluators.base import GroupResource, parse_scope_requirement
 from tally.evaluators.pods import PodEvaluator
 from tally.evaluators.podsets import PODSETS, PodSetEvaluator
 from tally.evaluators.registry import new_registry
 from tally.machinery.cache import Store
+from tally.quota.identity import QuotaIdentity
 from tally.quota.quantity import parse_quantity
 from tally.resourcequota.controller import ResourceQuotaController
 
@@ -1607,10 +1608,10 @@ async def test_a_recalculation_waits_until_the_pass_ends_not_only_its_write(
 
 def test_charges_written_for_refused_requests_are_forgotten_after_a_minute() -> None:
     now = [100.0]
-    overcharges = _Overcharges(clock=lambda: now[0])
+    overcharges = Overcharges(clock=lambda: now[0])
     quota = resource_quota("a", {"pods": "3"}, {"pods": "3"}, resource_version="7")
-    overcharges.add(("", "test", "a"), "7", {"pods": parse_quantity("1")})
-    overcharges.add(("", "test", "a"), "7", {"pods": parse_quantity("1")})
+    overcharges.add(QuotaIdentity("", "test", "a"), "7", {"pods": parse_quantity("1")})
+    overcharges.add(QuotaIdentity("", "test", "a"), "7", {"pods": parse_quantity("1")})
     assert {"pods": "1"} == overcharges.without([quota])[0]["status"]["used"]
     now[0] += OVERCHARGE_MEMORY_S + 1
     assert [quota] == overcharges.without([quota])
