@@ -7,11 +7,13 @@ case names its upstream test and case; cases marked "spec" come from the spec se
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
+import builders
 from tally.evaluators import (
     ConstraintError,
     ObjectError,
@@ -36,44 +38,10 @@ def evaluator(now: float = NOW) -> PodEvaluator:
     return PodEvaluator(clock=lambda: now)
 
 
-def container(
-    name: str = "",
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-    restart_policy: str | None = None,
-) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if requests is not None:
-        resources["requests"] = dict(requests)
-    if limits is not None:
-        resources["limits"] = dict(limits)
-    result: dict[str, Any] = {"name": name, "image": "x", "resources": resources}
-    if restart_policy:
-        result["restartPolicy"] = restart_policy
-    return result
-
-
-def pod(
-    containers: list[dict[str, Any]] | None = None,
-    init: list[dict[str, Any]] | None = None,
-    *,
-    phase: str | None = None,
-    spec: Mapping[str, Any] | None = None,
-    status: Mapping[str, Any] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "ns", **(metadata or {})},
-        "spec": {"containers": containers or [], **(spec or {})},
-        "status": dict(status or {}),
-    }
-    if init is not None:
-        body["spec"]["initContainers"] = init
-    if phase:
-        body["status"]["phase"] = phase
-    return body
+# Containers always carry resources ({} when empty); the pod ns/p has the containers given (none
+# by default) and a status ({} when empty), as upstream's test literals.
+container = functools.partial(builders.container, image="x", resources="always")
+pod = functools.partial(builders.pod, "p", namespace="ns", containers=[], status={}, with_kind=True)
 
 
 def rl(values: Mapping[str, str]) -> dict[str, Any]:
@@ -110,14 +78,14 @@ CONSTRAINT_CASES = [
         id="multiple init container resource missing",
     ),
     pytest.param(
-        pod([container("dummy", {"cpu": "1m"}, {"cpu": "2m"})]),
+        pod(containers=[container("dummy", {"cpu": "1m"}, {"cpu": "2m"})]),
         ["memory"],
         "must specify memory for: dummy",
         id="container resource missing",
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container("foo", {"cpu": "1m"}, {"cpu": "2m"}),
                 container("bar", {"cpu": "1m"}, {"cpu": "2m"}),
             ]
@@ -127,14 +95,14 @@ CONSTRAINT_CASES = [
         id="multiple container resource missing",
     ),
     pytest.param(
-        pod([container("foo"), container("bar")]),
+        pod(containers=[container("foo"), container("bar")]),
         ["memory", "cpu"],
         "must specify cpu for: bar,foo; memory for: bar,foo",
         id="container resource missing multiple",
     ),
     pytest.param(
         pod(
-            [container("foo"), container("bar")],
+            containers=[container("foo"), container("bar")],
             spec={"resources": {"requests": {"cpu": "1m"}}},
         ),
         ["memory", "cpu"],
@@ -143,13 +111,13 @@ CONSTRAINT_CASES = [
     ),
     # spec 1.1: only cpu/memory names constrain; a limits.* name needs the limit
     pytest.param(
-        pod([container("foo", {"cpu": "1"})]),
+        pod(containers=[container("foo", {"cpu": "1"})]),
         ["limits.cpu", "pods", "requests.storage"],
         "must specify limits.cpu for: foo",
         id="spec: limits.cpu needs a limit",
     ),
     pytest.param(
-        pod([container("foo", {"cpu": "1"})]),
+        pod(containers=[container("foo", {"cpu": "1"})]),
         ["ephemeral-storage", "pods", "count/pods"],
         None,
         id="spec: other names never constrain",
@@ -174,12 +142,12 @@ DELETION_NOW = "2023-11-14T22:13:20Z"  # NOW exactly
 # TestPodEvaluatorUsage
 USAGE_CASES = [
     pytest.param(
-        pod(init=[container(requests={"cpu": "1m"}, limits={"cpu": "2m"})]),
+        pod(init=[container("", requests={"cpu": "1m"}, limits={"cpu": "2m"})]),
         {"requests.cpu": "1m", "limits.cpu": "2m", "pods": "1", "cpu": "1m", "count/pods": "1"},
         id="init container CPU",
     ),
     pytest.param(
-        pod(init=[container(requests={"memory": "1m"}, limits={"memory": "2m"})]),
+        pod(init=[container("", requests={"memory": "1m"}, limits={"memory": "2m"})]),
         {
             "requests.memory": "1m",
             "limits.memory": "2m",
@@ -193,7 +161,7 @@ USAGE_CASES = [
         pod(
             init=[
                 container(
-                    requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
+                    "", requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
                 )
             ]
         ),
@@ -207,7 +175,7 @@ USAGE_CASES = [
         id="init container local ephemeral storage",
     ),
     pytest.param(
-        pod(init=[container(requests={"hugepages-2Mi": "100Mi"})]),
+        pod(init=[container("", requests={"hugepages-2Mi": "100Mi"})]),
         {
             "hugepages-2Mi": "100Mi",
             "requests.hugepages-2Mi": "100Mi",
@@ -219,7 +187,9 @@ USAGE_CASES = [
     pytest.param(
         pod(
             init=[
-                container(requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"})
+                container(
+                    "", requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"}
+                )
             ]
         ),
         {"requests.example.com/dongle": "3", "pods": "1", "count/pods": "1"},
@@ -229,6 +199,7 @@ USAGE_CASES = [
         pod(
             init=[
                 container(
+                    "",
                     requests={"deviceclass.resource.kubernetes.io/dongle": "3"},
                     limits={"deviceclass.resource.kubernetes.io/dongle": "3"},
                 )
@@ -238,12 +209,12 @@ USAGE_CASES = [
         id="init container implicit extended resources",
     ),
     pytest.param(
-        pod([container(requests={"cpu": "1m"}, limits={"cpu": "2m"})]),
+        pod(containers=[container("", requests={"cpu": "1m"}, limits={"cpu": "2m"})]),
         {"requests.cpu": "1m", "limits.cpu": "2m", "pods": "1", "cpu": "1m", "count/pods": "1"},
         id="container CPU",
     ),
     pytest.param(
-        pod([container(requests={"memory": "1m"}, limits={"memory": "2m"})]),
+        pod(containers=[container("", requests={"memory": "1m"}, limits={"memory": "2m"})]),
         {
             "requests.memory": "1m",
             "limits.memory": "2m",
@@ -255,9 +226,9 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
-                    requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
+                    "", requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
                 )
             ]
         ),
@@ -271,7 +242,7 @@ USAGE_CASES = [
         id="container local ephemeral storage",
     ),
     pytest.param(
-        pod([container(requests={"hugepages-2Mi": "100Mi"})]),
+        pod(containers=[container("", requests={"hugepages-2Mi": "100Mi"})]),
         {
             "hugepages-2Mi": "100Mi",
             "requests.hugepages-2Mi": "100Mi",
@@ -281,14 +252,21 @@ USAGE_CASES = [
         id="container hugepages",
     ),
     pytest.param(
-        pod([container(requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"})]),
+        pod(
+            containers=[
+                container(
+                    "", requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"}
+                )
+            ]
+        ),
         {"requests.example.com/dongle": "3", "pods": "1", "count/pods": "1"},
         id="container extended resources",
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
+                    "",
                     requests={"deviceclass.resource.kubernetes.io/dongle": "3"},
                     limits={"deviceclass.resource.kubernetes.io/dongle": "3"},
                 )
@@ -299,7 +277,11 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [container(requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"})],
+            containers=[
+                container(
+                    "", requests={"example.com/dongle": "3"}, limits={"example.com/dongle": "3"}
+                )
+            ],
             phase="Succeeded",
         ),
         {"count/pods": "1"},
@@ -307,22 +289,26 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
+                    "",
                     requests={"cpu": "1", "memory": "50M", "example.com/dongle": "1"},
                     limits={"cpu": "2", "memory": "100M", "example.com/dongle": "1"},
                 ),
                 container(
+                    "",
                     requests={"cpu": "2", "memory": "25M", "example.com/dongle": "2"},
                     limits={"cpu": "5", "memory": "50M", "example.com/dongle": "2"},
                 ),
             ],
             init=[
                 container(
+                    "",
                     requests={"cpu": "4", "memory": "100M", "example.com/dongle": "4"},
                     limits={"cpu": "8", "memory": "200M", "example.com/dongle": "4"},
                 ),
                 container(
+                    "",
                     requests={"cpu": "1", "memory": "50M", "example.com/dongle": "2"},
                     limits={"cpu": "2", "memory": "100M", "example.com/dongle": "2"},
                 ),
@@ -343,9 +329,11 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
-                    requests={"cpu": "1", "memory": "50M"}, limits={"cpu": "2", "memory": "100M"}
+                    "",
+                    requests={"cpu": "1", "memory": "50M"},
+                    limits={"cpu": "2", "memory": "100M"},
                 )
             ],
             metadata={
@@ -360,7 +348,7 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [container(requests={"cpu": "1"}, limits={"cpu": "2"})],
+            containers=[container("", requests={"cpu": "1"}, limits={"cpu": "2"})],
             metadata={"deletionTimestamp": DELETION_NOW, "deletionGracePeriodSeconds": 30},
             status={"reason": "NodeLost"},
         ),
@@ -369,7 +357,7 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [container(requests={"cpu": "1"}, limits={"cpu": "2"})],
+            containers=[container("", requests={"cpu": "1"}, limits={"cpu": "2"})],
             spec={"overhead": {"cpu": "1"}},
         ),
         {"requests.cpu": "2", "limits.cpu": "3", "pods": "1", "cpu": "2", "count/pods": "1"},
@@ -393,9 +381,9 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
-                    requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
+                    "", requests={"ephemeral-storage": "32Mi"}, limits={"ephemeral-storage": "64Mi"}
                 )
             ],
             spec={"resources": {"requests": {"memory": "1Mi"}, "limits": {"memory": "2Mi"}}},
@@ -415,7 +403,7 @@ USAGE_CASES = [
     # TestPodEvaluatorUsageResourceResize
     pytest.param(
         pod(
-            [container(requests={"memory": "200Mi"}, limits={"memory": "400Mi"})],
+            containers=[container("", requests={"memory": "200Mi"}, limits={"memory": "400Mi"})],
             status={
                 "containerStatuses": [{"name": "", "resources": {"requests": {"memory": "150Mi"}}}]
             },
@@ -431,7 +419,7 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [container(requests={"cpu": "100m"}, limits={"cpu": "200m"})],
+            containers=[container("", requests={"cpu": "100m"}, limits={"cpu": "200m"})],
             status={
                 "containerStatuses": [{"name": "", "resources": {"requests": {"cpu": "150m"}}}]
             },
@@ -447,8 +435,9 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
+                    "",
                     requests={"cpu": "100m", "memory": "200Mi"},
                     limits={"cpu": "200m", "memory": "400Mi"},
                 )
@@ -473,8 +462,9 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [
+            containers=[
                 container(
+                    "",
                     requests={"cpu": "100m", "memory": "200Mi"},
                     limits={"cpu": "200m", "memory": "400Mi"},
                 )
@@ -496,7 +486,7 @@ USAGE_CASES = [
     # spec 1.1: allocated resources count too (max of spec, allocated, status)
     pytest.param(
         pod(
-            [container("c", requests={"cpu": "100m"}, limits={"cpu": "1"})],
+            containers=[container("c", requests={"cpu": "100m"}, limits={"cpu": "1"})],
             status={"containerStatuses": [{"name": "c", "allocatedResources": {"cpu": "300m"}}]},
         ),
         {"requests.cpu": "300m", "limits.cpu": "1", "pods": "1", "cpu": "300m", "count/pods": "1"},
@@ -505,7 +495,7 @@ USAGE_CASES = [
     # spec 1.1: sidecars (restartable init containers) run alongside the containers
     pytest.param(
         pod(
-            [container("app", {"cpu": "1"})],
+            containers=[container("app", {"cpu": "1"})],
             init=[
                 container("sidecar", {"cpu": "1"}, restart_policy="Always"),
                 container("setup", {"cpu": "2"}),
@@ -517,7 +507,7 @@ USAGE_CASES = [
     ),
     pytest.param(
         pod(
-            [container("app", {"cpu": "2", "memory": "1Gi"})],
+            containers=[container("app", {"cpu": "2", "memory": "1Gi"})],
             init=[
                 container("setup", {"cpu": "1", "memory": "2Gi"}),
                 container("sidecar", {"cpu": "500m", "memory": "100Mi"}, restart_policy="Always"),
@@ -537,7 +527,9 @@ USAGE_CASES = [
     # spec 1.1: pod-level values replace computed ones, overhead adds to set limits only
     pytest.param(
         pod(
-            [container(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "2Gi"})],
+            containers=[
+                container("", requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "2Gi"})
+            ],
             spec={
                 "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "4"}},
                 "overhead": {"cpu": "100m", "memory": "10Mi"},
@@ -556,12 +548,12 @@ USAGE_CASES = [
         id="spec: pod-level cpu replaces, overhead on requests and set limits",
     ),
     pytest.param(
-        pod([container(requests={"cpu": "1"})], spec={"overhead": {"cpu": "250m"}}),
+        pod(containers=[container("", requests={"cpu": "1"})], spec={"overhead": {"cpu": "250m"}}),
         {"requests.cpu": "1250m", "cpu": "1250m", "pods": "1", "count/pods": "1"},
         id="spec: overhead never creates a limit",
     ),
     pytest.param(
-        pod([container(requests={"cpu": "1"})], phase="Failed"),
+        pod(containers=[container("", requests={"cpu": "1"})], phase="Failed"),
         {"count/pods": "1"},
         id="spec: failed pods count only as objects",
     ),
@@ -586,7 +578,7 @@ def test_usage(obj: dict[str, Any], expected: dict[str, str]) -> None:
 )
 def test_deletion_grace_is_strict(now: float, counts: bool) -> None:
     obj = pod(
-        [container(requests={"cpu": "1"})],
+        containers=[container("", requests={"cpu": "1"})],
         metadata={"deletionTimestamp": DELETION_NOW, "deletionGracePeriodSeconds": 30},
     )
     assert ("pods" in evaluator(now).usage(obj)) is counts
@@ -594,17 +586,22 @@ def test_deletion_grace_is_strict(now: float, counts: bool) -> None:
 
 def test_deletion_without_grace_period_counts() -> None:
     # QuotaV1Pod needs both fields; a timestamp alone keeps the pod charged.
-    obj = pod([container(requests={"cpu": "1"})], metadata={"deletionTimestamp": DELETION_NOW})
+    obj = pod(
+        containers=[container("", requests={"cpu": "1"})],
+        metadata={"deletionTimestamp": DELETION_NOW},
+    )
     assert "pods" in evaluator(NOW + 10**6).usage(obj)
 
 
-def make_pod(name: str, priority_class: str, cpu: str | None, phase: str) -> dict[str, Any]:
+def upstream_make_pod(
+    name: str, priority_class: str, cpu: str | None, phase: str
+) -> dict[str, Any]:
     """Upstream ``makePod``: requests and limits set to the same list."""
     resources = {"cpu": cpu} if cpu else None
     return pod(
-        [container(requests=resources, limits=resources)],
+        containers=[container("", resources, resources)],
         phase=phase,
-        spec={"priorityClassName": priority_class} if priority_class else None,
+        priority_class_name=priority_class or None,
         metadata={"name": name},
     )
 
@@ -618,14 +615,20 @@ HIGH_SELECTOR = {"scopeName": "PriorityClass", "operator": "In", "values": ["hig
     [
         pytest.param([], [], [], {}, id="nil case"),
         pytest.param(
-            [make_pod("p1", "", "1", "Running"), make_pod("p2", "", "1", "Running")],
+            [
+                upstream_make_pod("p1", "", "1", "Running"),
+                upstream_make_pod("p2", "", "1", "Running"),
+            ],
             [],
             [],
             {"pods": "2", "count/pods": "2", "cpu": "2", "requests.cpu": "2", "limits.cpu": "2"},
             id="all pods in running state",
         ),
         pytest.param(
-            [make_pod("p1", "", "1", "Running"), make_pod("p2", "", "1", "Succeeded")],
+            [
+                upstream_make_pod("p1", "", "1", "Running"),
+                upstream_make_pod("p2", "", "1", "Succeeded"),
+            ],
             [],
             [],
             {"pods": "1", "count/pods": "2", "cpu": "1", "requests.cpu": "1", "limits.cpu": "1"},
@@ -633,9 +636,9 @@ HIGH_SELECTOR = {"scopeName": "PriorityClass", "operator": "In", "values": ["hig
         ),
         pytest.param(
             [
-                make_pod("p1", "high-priority", "1", "Running"),
-                make_pod("p2", "high-priority", "1", "Succeeded"),
-                make_pod("p3", "low-priority", "1", "Running"),
+                upstream_make_pod("p1", "high-priority", "1", "Running"),
+                upstream_make_pod("p2", "high-priority", "1", "Succeeded"),
+                upstream_make_pod("p3", "low-priority", "1", "Running"),
             ],
             [],
             [HIGH_SELECTOR],
@@ -644,9 +647,9 @@ HIGH_SELECTOR = {"scopeName": "PriorityClass", "operator": "In", "values": ["hig
         ),
         pytest.param(
             [
-                make_pod("p1", "high-priority", "1", "Running"),
-                make_pod("p2", "high-priority", "1", "Succeeded"),
-                make_pod("p3", "low-priority", "1", "Running"),
+                upstream_make_pod("p1", "high-priority", "1", "Running"),
+                upstream_make_pod("p2", "high-priority", "1", "Succeeded"),
+                upstream_make_pod("p3", "low-priority", "1", "Running"),
             ],
             ["PriorityClass"],
             [HIGH_SELECTOR],
@@ -655,10 +658,10 @@ HIGH_SELECTOR = {"scopeName": "PriorityClass", "operator": "In", "values": ["hig
         ),
         pytest.param(
             [
-                make_pod("p1", "high-priority", "1", "Running"),
-                make_pod("p2", "high-priority", "1", "Succeeded"),
-                make_pod("p3", "low-priority", "1", "Running"),
-                make_pod("p4", "high-priority", None, "Failed"),
+                upstream_make_pod("p1", "high-priority", "1", "Running"),
+                upstream_make_pod("p2", "high-priority", "1", "Succeeded"),
+                upstream_make_pod("p3", "low-priority", "1", "Running"),
+                upstream_make_pod("p4", "high-priority", None, "Failed"),
             ],
             ["PriorityClass", "BestEffort"],
             [HIGH_SELECTOR],
@@ -686,8 +689,8 @@ def test_usage_stats(
 def test_usage_stats_starts_every_name_at_zero_and_sums_in_left_format() -> None:
     # CalculateUsageStats: each requested name starts at a DecimalSI zero
     objs = [
-        pod([container(requests={"memory": "1Gi"})]),
-        pod([container(requests={"memory": "500M"})]),
+        pod(containers=[container("", requests={"memory": "1Gi"})]),
+        pod(containers=[container("", requests={"memory": "500M"})]),
     ]
     got = evaluator().usage_stats(objs, ["requests.memory", "requests.cpu"], [])
     assert quota.to_strings(got) == {"requests.cpu": "0", "requests.memory": "1573741824"}
@@ -737,8 +740,9 @@ def affinity(kind: str, section: str, term: dict[str, Any]) -> dict[str, Any]:
         ),
         pytest.param(
             pod(
-                [
+                containers=[
                     container(
+                        "",
                         requests={"cpu": "1", "memory": "50M", "example.com/dongle": "1"},
                         limits={"cpu": "2", "memory": "100M", "example.com/dongle": "1"},
                     )
@@ -871,13 +875,13 @@ def test_priority_class_scope(
         pytest.param(pod(spec={"activeDeadlineSeconds": 0}), True, True, id="deadline-zero"),
         pytest.param(pod(spec={"activeDeadlineSeconds": -1}), False, True, id="deadline-negative"),
         pytest.param(
-            pod([container(requests={"ephemeral-storage": "1Gi"})]),
+            pod(containers=[container("", requests={"ephemeral-storage": "1Gi"})]),
             False,
             True,
             id="only-cpu-and-memory-decide-qos",
         ),
         pytest.param(
-            pod([container(requests={"cpu": "0"}, limits={"cpu": "0"})]),
+            pod(containers=[container("", requests={"cpu": "0"}, limits={"cpu": "0"})]),
             False,
             True,
             id="zero-cpu-is-best-effort",
@@ -1098,7 +1102,7 @@ def test_requires_replenishment(old: dict[str, Any], new: dict[str, Any], want: 
     ("obj", "field"),
     [
         pytest.param(
-            pod([container(requests={"cpu": "lots"})]),
+            pod(containers=[container("", requests={"cpu": "lots"})]),
             "spec.containers[0].resources.requests[cpu]",
             id="bad-quantity",
         ),
