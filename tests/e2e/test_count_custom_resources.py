@@ -1,6 +1,6 @@
 """``count/<resource>.<group>`` on custom resources: tally's discovery and reflectors, in-process.
 
-Drives :class:`tally.resourcequota.discovery.DynamicKinds` (and through it
+Drives :class:`tally.resourcequota.monitor.DynamicKinds` (and through it
 :class:`tally.kube.reflector.Reflector`) directly against the real control plane in operator mode,
 with a quota store filled by the test and no operator running: what is checked is the machinery's
 view (the stores it hands the controller, the registry, what it reports), plus the Events it writes,
@@ -26,7 +26,8 @@ from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import rest
 from tally.machinery.cache import Store
-from tally.resourcequota.discovery import REASON_UNKNOWN_RESOURCE, DynamicKinds
+from tally.resourcequota.monitor import DynamicKinds
+from tally.resourcequota.reporting import REASON_UNKNOWN_RESOURCE
 from tally_e2e import eventually
 
 # within 1 s for a deletion to be seen.

@@ -1,5 +1,5 @@
-"""tally.resourcequota.discovery: discovery documents, the named set, resolution, and the manager's
-passes.
+"""tally.resourcequota's discovery (documents, resolution), monitor (the named set, the
+manager's passes) and reporting (what the passes tell).
 
 Documents are shaped like what kube-apiserver serves at ``/api/v1``, ``/apis/<group>`` and
 ``/apis/<group>/<version>``. The manager tests replace the reflector with a stub (no watching
@@ -22,21 +22,22 @@ from tally.kube.reflector import StatusError
 from tally.machinery.cache import Store
 from tally.machinery.informers import Informer
 from tally.resourcequota.discovery import (
-    REASON_FAILED_LIST,
-    REASON_FORBIDDEN,
-    REASON_UNKNOWN_RESOURCE,
-    REASON_UNSUPPORTED,
     DiscoveredResource,
     Discovery,
     DiscoveryError,
-    DynamicKinds,
-    Problem,
     group_versions,
-    named_resources,
     parse_resource_list,
     problem_for_failure,
     quotable_problem,
     split_group_version,
+)
+from tally.resourcequota.monitor import DynamicKinds, named_resources
+from tally.resourcequota.reporting import (
+    REASON_FAILED_LIST,
+    REASON_FORBIDDEN,
+    REASON_UNKNOWN_RESOURCE,
+    REASON_UNSUPPORTED,
+    Problem,
 )
 
 pytestmark = pytest.mark.unit

@@ -70,8 +70,9 @@ from tally.quota.identity import (
     cluster_quota_of,
 )
 from tally.resourcequota.controller import ResourceQuotaController
-from tally.resourcequota.discovery import EVENT_COMPONENT, DynamicKinds
+from tally.resourcequota.monitor import DynamicKinds
 from tally.resourcequota.replenishment import replenisher
+from tally.resourcequota.reporting import EVENT_COMPONENT
 from tally.resourcequota.routing import QuotaEvents
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,

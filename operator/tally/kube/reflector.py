@@ -25,7 +25,7 @@ Failures, and what each costs:
 * **403, 404, 405** (RBAC forbids it, the resource is gone — a deleted CRD —, or it cannot be
   listed/watched): no retry will fix that here. The reflector reports the :class:`StatusError`
   through ``on_failure`` and stops; whoever started it decides what next
-  (:mod:`tally.resourcequota.discovery` drops the kind and tells the quotas naming it).
+  (:mod:`tally.resourcequota.monitor` drops the kind and tells the quotas naming it).
 
 A (re)start always begins with a LIST, so a reflector stopped and started again converges like
 a fresh one.
