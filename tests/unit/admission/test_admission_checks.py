@@ -13,10 +13,12 @@ Not covered here: batching across tasks, writes and retries (``test_admission_ev
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
+import builders
 from tally.admission.attributes import Attributes, is_namespace_creation
 from tally.admission.checks import (
     PRIOR_VERSION_NOT_FOUND,
@@ -53,34 +55,23 @@ REGISTRY = new_registry(clock=lambda: 1_700_000_000.0)
 # -- builders (upstream's validPod / getResourceList / ResourceQuota literals, as API JSON) --
 
 
-def pod(
-    name: str,
-    requests: dict[str, str] | None = None,
-    limits: dict[str, str] | None = None,
-    *,
-    containers: int = 1,
-    priority_class: str = "",
-    active_deadline_seconds: int | None = None,
-    namespace: str = "test",
-    resource_version: str = "",
-) -> Obj:
-    spec: Obj = {
-        "containers": [
-            {
-                "image": f"foo:V{i}",
-                "resources": {"requests": requests or {}, "limits": limits or {}},
-            }
-            for i in range(containers)
-        ]
-    }
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if active_deadline_seconds is not None:
-        spec["activeDeadlineSeconds"] = active_deadline_seconds
-    metadata: Obj = {"name": name, "namespace": namespace}
-    if resource_version:
-        metadata["resourceVersion"] = resource_version
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+# Upstream's validPod (one unnamed container "foo:V0" whose requests and limits are always
+# there) and quota literals (a status, no spec.hard), as API JSON (builders.py).
+pod = functools.partial(
+    builders.pod,
+    namespace="test",
+    container_name=None,
+    image="foo:V0",
+    resources="both",
+    with_kind=True,
+)
+resource_quota = functools.partial(
+    builders.resource_quota,
+    namespace="test",
+    resource_version="124",
+    hard_in="status",
+    with_kind=True,
+)
 
 
 def service(name: str, type_: str, *, ports: int = 0, resource_version: str = "") -> Obj:
@@ -102,34 +93,6 @@ def pvc(name: str, storage: str, *, resource_version: str = "") -> Obj:
         "kind": "PersistentVolumeClaim",
         "metadata": metadata,
         "spec": {"resources": {"requests": {"storage": storage}}},
-    }
-
-
-def resource_quota(
-    name: str,
-    hard: dict[str, str] | None,
-    used: dict[str, str] | None,
-    *,
-    scopes: list[str] | None = None,
-    scope_selector: list[Obj] | None = None,
-    resource_version: str = "124",
-) -> Obj:
-    spec: Obj = {}
-    if scopes:
-        spec["scopes"] = scopes
-    if scope_selector:
-        spec["scopeSelector"] = {"matchExpressions": scope_selector}
-    status: Obj = {}
-    if hard is not None:
-        status["hard"] = hard
-    if used is not None:
-        status["used"] = used
-    return {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": name, "namespace": "test", "resourceVersion": resource_version},
-        "spec": spec,
-        "status": status,
     }
 
 
@@ -516,7 +479,7 @@ def test_uncovered_scopes_are_a_500_in_go_slice_format() -> None:
             ),
         ),
     )
-    error = denied([], create(pod("p", priority_class="cluster-services")), limited=limited)
+    error = denied([], create(pod("p", priority_class_name="cluster-services")), limited=limited)
     assert 500 == error.code
     assert (
         "insufficient quota to match these scopes: "

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
 
+import builders
 from tally.admission import (
     AdmissionDenied,
     Attributes,
@@ -148,25 +150,14 @@ def bump(stored: Obj, used: dict[str, str] | None = None) -> None:
 # -- builders (upstream's validPod / validPersistentVolumeClaim / quota literals, as JSON) --
 
 
-def pod(
-    name: str,
-    requests: dict[str, str] | None = None,
-    limits: dict[str, str] | None = None,
-    *,
-    priority_class: str = "",
-    active_deadline_seconds: int | None = None,
-    namespace: str = "test",
-) -> Obj:
-    spec: Obj = {
-        "containers": [
-            {"image": "foo:V0", "resources": {"requests": requests or {}, "limits": limits or {}}}
-        ]
-    }
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if active_deadline_seconds is not None:
-        spec["activeDeadlineSeconds"] = active_deadline_seconds
-    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+# Upstream's validPod (one unnamed container "foo:V0" whose requests and limits are always
+# there) and quota literals (a status, no spec.hard), as JSON without apiVersion and kind.
+pod = functools.partial(
+    builders.pod, namespace="test", container_name=None, image="foo:V0", resources="both"
+)
+resource_quota = functools.partial(
+    builders.resource_quota, namespace="test", resource_version="124", hard_in="status"
+)
 
 
 def service(name: str, type_: str, *, ports: int = 0, resource_version: str = "") -> Obj:
@@ -181,33 +172,6 @@ def pvc(name: str, storage: str, *, resource_version: str = "") -> Obj:
     return {
         "metadata": {"name": name, "namespace": "test", "resourceVersion": resource_version},
         "spec": {"resources": {"requests": {"storage": storage}}},
-    }
-
-
-def resource_quota(
-    name: str,
-    hard: dict[str, str] | None = None,
-    used: dict[str, str] | None = None,
-    *,
-    namespace: str = "test",
-    scopes: list[str] | None = None,
-    scope_selector: list[Obj] | None = None,
-    resource_version: str = "124",
-) -> Obj:
-    spec: Obj = {}
-    if scopes:
-        spec["scopes"] = scopes
-    if scope_selector:
-        spec["scopeSelector"] = {"matchExpressions": scope_selector}
-    status: Obj = {}
-    if hard is not None:
-        status["hard"] = hard
-    if used is not None:
-        status["used"] = used
-    return {
-        "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
-        "spec": spec,
-        "status": status,
     }
 
 
@@ -608,56 +572,62 @@ BIG = {"cpu": "3", "memory": "2Gi"}
         # Each row is a row of upstream's TestAdmitLimitedScopeWithCoverQuota, same order; the
         # expected text is upstream's expErr (a 500 for uncovered scopes, a plain error).
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="fake-priority"),
+            pod("allowed-pod", BIG, priority_class_name="fake-priority"),
             [resource_quota("quota", scope_selector=[PRIORITY_EXISTS])],
             (LimitedResource("", "pods", (), (scope("PriorityClass"),)),),
             None,
             id="covering-quota-exists-for-priorityclass-exists",
         ),
         pytest.param(
-            pod("not-allowed-pod", BIG, priority_class="fake-priority"),
+            pod("not-allowed-pod", BIG, priority_class_name="fake-priority"),
             [resource_quota("quota", scope_selector=[PRIORITY_EXISTS])],
             (LimitedResource("", "pods", ("requests.cpu",), (scope("PriorityClass"),)),),
             (403, "insufficient quota to consume: requests.cpu"),
             id="no-covering-quota-for-limited-cpu",
         ),
         pytest.param(
-            pod("not-allowed-pod", BIG, priority_class="fake-priority"),
+            pod("not-allowed-pod", BIG, priority_class_name="fake-priority"),
             [],
             (LimitedResource("", "pods", (), (scope("PriorityClass"),)),),
             (500, "insufficient quota to match these scopes: [{PriorityClass Exists []}]"),
             id="no-covering-quota-for-priorityclass-exists",
         ),
         pytest.param(
-            pod("not-allowed-pod", priority_class="fake-priority"),
+            pod("not-allowed-pod", priority_class_name="fake-priority"),
             [],
             (LIMIT_BEST_EFFORT,),
             (500, "insufficient quota to match these scopes: [{BestEffort Exists []}]"),
             id="no-covering-quota-for-besteffort",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="fake-priority"),
+            pod("allowed-pod", priority_class_name="fake-priority"),
             [BEST_EFFORT_QUOTA],
             (LIMIT_BEST_EFFORT,),
             None,
             id="covering-quota-for-besteffort",
         ),
         pytest.param(
-            pod("allowed-pod", {"cpu": "100m", "memory": "1Gi"}, priority_class="fake-priority"),
+            pod(
+                "allowed-pod", {"cpu": "100m", "memory": "1Gi"}, priority_class_name="fake-priority"
+            ),
             [],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             None,
             id="two-scopes-neither-matches",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="fake-priority"),
+            pod("allowed-pod", priority_class_name="fake-priority"),
             [],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             (500, "insufficient quota to match these scopes: [{BestEffort Exists []}]"),
             id="two-scopes-only-besteffort-matches",
         ),
         pytest.param(
-            pod("allowed-pod", {"cpu": "100m", "memory": "1Gi"}, priority_class="cluster-services"),
+            pod(
+                "allowed-pod",
+                {"cpu": "100m", "memory": "1Gi"},
+                priority_class_name="cluster-services",
+            ),
             [],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             (
@@ -667,7 +637,7 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="two-scopes-only-priorityclass-matches",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="cluster-services"),
+            pod("allowed-pod", priority_class_name="cluster-services"),
             [],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             (
@@ -678,7 +648,7 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="two-scopes-both-match-no-quota",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="cluster-services"),
+            pod("allowed-pod", priority_class_name="cluster-services"),
             [BEST_EFFORT_QUOTA],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             (
@@ -688,14 +658,14 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="two-scopes-both-match-besteffort-quota-only",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="cluster-services"),
+            pod("allowed-pod", priority_class_name="cluster-services"),
             [resource_quota("quota", scope_selector=[PRIORITY_IN_CLUSTER_SERVICES])],
             (LIMIT_BEST_EFFORT, LIMIT_CLUSTER_SERVICES),
             (500, "insufficient quota to match these scopes: [{BestEffort Exists []}]"),
             id="two-scopes-both-match-priorityclass-quota-only",
         ),
         pytest.param(
-            pod("allowed-pod", priority_class="cluster-services"),
+            pod("allowed-pod", priority_class_name="cluster-services"),
             [
                 BEST_EFFORT_QUOTA,
                 resource_quota("quota", scope_selector=[PRIORITY_IN_CLUSTER_SERVICES]),
@@ -705,14 +675,18 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="two-scopes-both-covered",
         ),
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="fake-priority"),
+            pod("allowed-pod", BIG, priority_class_name="fake-priority"),
             [],
             (),
             None,
             id="priorityclass-not-limited",
         ),
         pytest.param(
-            pod("not-allowed-pod", {"cpu": "3", "memory": "20Gi"}, priority_class="fake-priority"),
+            pod(
+                "not-allowed-pod",
+                {"cpu": "3", "memory": "20Gi"},
+                priority_class_name="fake-priority",
+            ),
             [
                 resource_quota(
                     "quota", {"memory": "10Gi"}, {"memory": "1Gi"}, scope_selector=[PRIORITY_EXISTS]
@@ -727,21 +701,21 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="covered-but-exceeded",
         ),
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="fake-priority"),
+            pod("allowed-pod", BIG, priority_class_name="fake-priority"),
             [resource_quota("quota", scope_selector=[PRIORITY_IN_CLUSTER_SERVICES])],
             (LIMIT_CLUSTER_SERVICES,),
             None,
             id="other-priorityclass-than-limited",
         ),
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="cluster-services"),
+            pod("allowed-pod", BIG, priority_class_name="cluster-services"),
             [resource_quota("quota", scope_selector=[PRIORITY_IN_CLUSTER_SERVICES])],
             (LIMIT_TWO_CLASSES,),
             None,
             id="limited-priorityclass-covered",
         ),
         pytest.param(
-            pod("not-allowed-pod", BIG, priority_class="cluster-services"),
+            pod("not-allowed-pod", BIG, priority_class_name="cluster-services"),
             [resource_quota("quota", scope_selector=[PRIORITY_IN_ANOTHER])],
             (LIMIT_TWO_CLASSES,),
             (
@@ -752,14 +726,14 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="limited-priorityclass-not-covered",
         ),
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="another-priorityclass-name"),
+            pod("allowed-pod", BIG, priority_class_name="another-priorityclass-name"),
             [resource_quota("quota", scope_selector=[PRIORITY_IN_ANOTHER])],
             (LIMIT_TWO_CLASSES,),
             None,
             id="limited-priorityclass-covered-other-class",
         ),
         pytest.param(
-            pod("not-allowed-pod", BIG, priority_class="cluster-services"),
+            pod("not-allowed-pod", BIG, priority_class_name="cluster-services"),
             [],
             (LIMIT_TWO_CLASSES,),
             (
@@ -770,7 +744,7 @@ BIG = {"cpu": "3", "memory": "2Gi"}
             id="limited-priorityclass-no-quota",
         ),
         pytest.param(
-            pod("allowed-pod", BIG, priority_class="cluster-services"),
+            pod("allowed-pod", BIG, priority_class_name="cluster-services"),
             [resource_quota("quota", scope_selector=[PRIORITY_EXISTS])],
             (LIMIT_TWO_CLASSES,),
             None,
