@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.builtin_quota.decision import (
     APISERVER_FLAG,
     CONTROLLER_MANAGER_FLAG,
@@ -105,30 +106,33 @@ def test_a_webhook_refusal_is_never_taken_for_the_plugin() -> None:
     assert State.UNKNOWN == admission_finding(403, WEBHOOK_REFUSAL, what=WHAT).state
 
 
-def _quota(*entries: tuple[str, str], status: dict[str, Any] | None = None) -> dict[str, Any]:
+def _probe(*entries: tuple[str, str], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The probe quota, written by ``(manager, subresource)`` entries (its managedFields)."""
     managed = [
         {"manager": manager, "operation": "Update", **({"subresource": sub} if sub else {})}
         for manager, sub in entries
     ]
-    return {"metadata": {"name": PROBE_NAME, "managedFields": managed}, "status": status or {}}
+    return builders.resource_quota(
+        PROBE_NAME, metadata={"managedFields": managed}, status=status or {}
+    )
 
 
 @pytest.mark.parametrize(
     ("quota", "writers", "foreign"),
     [
-        pytest.param(_quota(("tally", "")), set(), set(), id="created-by-tally"),
+        pytest.param(_probe(("tally", "")), set(), set(), id="created-by-tally"),
         pytest.param(
-            _quota(("tally", ""), ("tally", "status")), {"tally"}, set(), id="status-by-tally"
+            _probe(("tally", ""), ("tally", "status")), {"tally"}, set(), id="status-by-tally"
         ),
         # What reference mode shows: the controller's write is an Update of the status.
         pytest.param(
-            _quota(("tally", ""), ("tally", "status"), ("kube-controller-manager", "status")),
+            _probe(("tally", ""), ("tally", "status"), ("kube-controller-manager", "status")),
             {"tally", "kube-controller-manager"},
             {"kube-controller-manager"},
             id="status-by-the-controller",
         ),
         # Someone's spec edit is not a status write.
-        pytest.param(_quota(("kubectl-edit", "")), set(), set(), id="spec-by-someone"),
+        pytest.param(_probe(("kubectl-edit", "")), set(), set(), id="spec-by-someone"),
         pytest.param({"metadata": {}}, set(), set(), id="no-managed-fields"),
     ],
 )
@@ -146,7 +150,7 @@ def test_status_writers(quota: dict[str, Any], writers: set[str], foreign: set[s
     ],
 )
 def test_has_status_hard(status: dict[str, Any], expected: bool) -> None:
-    assert expected == has_status_hard(_quota(status=status))
+    assert expected == has_status_hard(_probe(status=status))
 
 
 @pytest.mark.parametrize(
