@@ -1,24 +1,19 @@
 """The pod evaluator: what a pod charges against quota, and which pods a quota scope covers.
 
-A port of upstream ``pkg/quota/v1/evaluator/core/pods.go`` with the pod resource formula of
-``k8s.io/component-helpers/resource/helpers.go`` (``PodRequests``/``PodLimits``) and the QoS
-rule of ``pkg/apis/core/v1/helper/qos``. The feature gates are fixed at their 1.34+ defaults:
-``PodLevelResources`` and ``InPlacePodVerticalScaling`` on, the alpha
-``InPlacePodLevelResourcesVerticalScaling`` and DRA node-allocatable claims off.
+A port of upstream ``pkg/quota/v1/evaluator/core/pods.go``. What a pod requests and limits
+(``resourcehelper.PodRequests``/``PodLimits``) is :mod:`tally.evaluators.podresources`; whether
+it is BestEffort (``qos.GetPodQOS``) is :mod:`tally.evaluators.qos`. The feature gates are
+fixed at their 1.34+ defaults: ``PodLevelResources`` and ``InPlacePodVerticalScaling`` on, the
+alpha ``InPlacePodLevelResourcesVerticalScaling`` and DRA node-allocatable claims off.
 
 Usage of one pod:
 
 - ``count/pods`` = 1 for every pod in storage. A pod that no longer counts (phase Failed or
   Succeeded, or deleted and past its grace period at the evaluator's clock) charges nothing
   else.
-- Otherwise ``pods`` = 1 plus compute usage from the pod's requests and limits: containers
-  summed; init containers walked in order, a restartable one (``restartPolicy: Always``, a
-  sidecar) adding to the running total, a regular one needing its own requests plus the
-  sidecars started before it; the element-wise max of the two; pod-level ``spec.resources``
-  (cpu, memory, hugepages-*) replacing computed values; ``spec.overhead`` added to requests and
-  to limits that exist and are non-zero. With in-place resize, each container's value is the
-  max of spec, ``allocatedResources`` and actual ``status.resources`` (actual and allocated
-  only, while a resize is marked Infeasible).
+- Otherwise ``pods`` = 1 plus compute usage (:func:`pod_compute_usage`) from the pod's
+  effective requests and limits (:mod:`tally.evaluators.podresources`: init containers,
+  sidecars, pod-level resources, overhead and in-place resize included).
 
 Projection, and why: the controller keeps every pod of the cluster cached (10 000+), and the
 full JSON of a pod costs kilobytes of dicts and strings. :class:`PodProjection` keeps only what
@@ -39,9 +34,9 @@ Upstream error text kept byte for byte: ``must specify cpu for: bar,foo; memory 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from tally.evaluators import base
 from tally.evaluators.base import (
@@ -59,6 +54,8 @@ from tally.evaluators.base import (
     get_str,
     parse_timestamp,
 )
+from tally.evaluators.podresources import PodResources, effective_limits, effective_requests
+from tally.evaluators.qos import is_best_effort
 from tally.machinery.selectors import Operator, Requirement, is_qualified_name
 from tally.quota import resources as quota
 from tally.quota.quantity import Quantity
@@ -68,12 +65,9 @@ __all__ = [
     "POD_RESOURCES",
     "PodEvaluator",
     "PodProjection",
-    "is_best_effort",
     "is_extended_resource_name",
     "is_terminating",
     "pod_compute_usage",
-    "pod_limits",
-    "pod_requests",
     "project_pod",
     "quota_v1_pod",
     "uses_cross_namespace_pod_affinity",
@@ -140,258 +134,7 @@ def _is_extended_resource_name_for_quota(name: str) -> bool:
     return not _is_native_resource(name) or name.startswith(_REQUESTS_PREFIX + _DEVICE_CLASS_PREFIX)
 
 
-def _is_supported_pod_level_resource(name: str) -> bool:
-    return name in ("cpu", "memory") or name.startswith(_HUGEPAGES_PREFIX)
-
-
-# -- pod resource formula (component-helpers/resource) --
-
-
-def _add_into(target: dict[str, Quantity], other: ResourceList | None) -> None:
-    """``addResourceList``: ``Quantity.Add`` per name."""
-    if not other:
-        return
-    for name, quantity in other.items():
-        current = target.get(name)
-        target[name] = quantity if current is None else current + quantity
-
-
-def _max_into(target: dict[str, Quantity], other: ResourceList | None) -> None:
-    """``maxResourceList``: take ``other``'s value when missing or strictly greater."""
-    if not other:
-        return
-    for name, quantity in other.items():
-        current = target.get(name)
-        if current is None or quantity.nanos > current.nanos:
-            target[name] = quantity
-
-
-def _max_of(first: ResourceList | None, *others: ResourceList | None) -> dict[str, Quantity]:
-    result = dict(first or {})
-    for other in others:
-        _max_into(result, other)
-    return result
-
-
-@dataclass(frozen=True, slots=True)
-class _Container:
-    """The parts of one container (or its status) the formula reads, parsed once."""
-
-    name: str
-    restartable: bool
-    requests: dict[str, Quantity]
-    limits: dict[str, Quantity]
-
-
-@dataclass(frozen=True, slots=True)
-class _Status:
-    allocated: dict[str, Quantity] | None
-    resources_requests: dict[str, Quantity] | None
-    resources_limits: dict[str, Quantity] | None
-
-
-def _parse_container(raw: object, field: str) -> _Container:
-    if not isinstance(raw, Mapping):
-        raise ObjectError(field, f"expected an object, got {type(raw).__name__}")
-    resources = get_mapping(raw, "resources", f"{field}.resources")
-    return _Container(
-        name=get_str(raw, "name", f"{field}.name"),
-        restartable=raw.get("restartPolicy") == "Always",
-        requests=get_resource_list(resources, "requests", f"{field}.resources.requests"),
-        limits=get_resource_list(resources, "limits", f"{field}.resources.limits"),
-    )
-
-
-def _parse_status(raw: object, field: str) -> tuple[str, _Status]:
-    if not isinstance(raw, Mapping):
-        raise ObjectError(field, f"expected an object, got {type(raw).__name__}")
-    allocated = (
-        None
-        if raw.get("allocatedResources") is None
-        else get_resource_list(raw, "allocatedResources", f"{field}.allocatedResources")
-    )
-    resources = raw.get("resources")
-    requests = limits = None
-    if resources is not None:
-        res = get_mapping(raw, "resources", f"{field}.resources")
-        if res.get("requests") is not None:
-            requests = get_resource_list(res, "requests", f"{field}.resources.requests")
-        if res.get("limits") is not None:
-            limits = get_resource_list(res, "limits", f"{field}.resources.limits")
-    return get_str(raw, "name", f"{field}.name"), _Status(allocated, requests, limits)
-
-
-@dataclass(frozen=True, slots=True)
-class _PodResources:
-    """A pod's containers, statuses and pod-level fields, parsed once for the formula."""
-
-    containers: tuple[_Container, ...]
-    init_containers: tuple[_Container, ...]
-    statuses: dict[str, _Status]
-    infeasible: bool
-    pod_requests: dict[str, Quantity] | None
-    pod_limits: dict[str, Quantity] | None
-    overhead: dict[str, Quantity]
-
-    @classmethod
-    def parse(cls, pod: Obj) -> _PodResources:
-        spec = get_mapping(pod, "spec")
-        status = get_mapping(pod, "status")
-        containers = tuple(
-            _parse_container(c, f"spec.containers[{i}]")
-            for i, c in enumerate(get_list(spec, "containers", "spec.containers"))
-        )
-        init_containers = tuple(
-            _parse_container(c, f"spec.initContainers[{i}]")
-            for i, c in enumerate(get_list(spec, "initContainers", "spec.initContainers"))
-        )
-        statuses: dict[str, _Status] = {}
-        # findContainerStatus looks through containerStatuses first, then init statuses.
-        for key in ("containerStatuses", "initContainerStatuses"):
-            for i, raw in enumerate(get_list(status, key, f"status.{key}")):
-                name, parsed = _parse_status(raw, f"status.{key}[{i}]")
-                statuses.setdefault(name, parsed)
-        pod_level = spec.get("resources")
-        pod_requests = pod_limits = None
-        if pod_level is not None:
-            pod_res = get_mapping(spec, "resources", "spec.resources")
-            pod_requests = get_resource_list(pod_res, "requests", "spec.resources.requests")
-            pod_limits = get_resource_list(pod_res, "limits", "spec.resources.limits")
-        return cls(
-            containers=containers,
-            init_containers=init_containers,
-            statuses=statuses,
-            infeasible=_is_pod_resize_infeasible(status),
-            pod_requests=pod_requests,
-            pod_limits=pod_limits,
-            overhead=get_resource_list(spec, "overhead", "spec.overhead"),
-        )
-
-    def aggregate(self, fn: _ContainerFn) -> dict[str, Quantity]:
-        """``aggregateContainerResourcesByFn``: containers, sidecars and init containers."""
-        result: dict[str, Quantity] = {}
-        for container in self.containers:
-            _add_into(result, fn(container, self.statuses.get(container.name), self.infeasible))
-        sidecars: dict[str, Quantity] = {}
-        init_max: dict[str, Quantity] = {}
-        for container in self.init_containers:
-            own = fn(container, self.statuses.get(container.name), self.infeasible)
-            if container.restartable:
-                # A sidecar keeps running: it adds to the pod total and to every later init
-                # container's footprint.
-                _add_into(result, own)
-                _add_into(sidecars, own)
-                footprint = dict(sidecars)
-            else:
-                footprint = dict(own or {})
-                _add_into(footprint, sidecars)
-            _max_into(init_max, footprint)
-        _max_into(result, init_max)
-        return result
-
-    def statuses_change_nothing(self) -> bool:
-        """No status carries resources and no resize is Infeasible: then allocated and actual
-        values fall back to the spec, and max(spec, allocated, actual) is the spec itself."""
-        return not self.infeasible and all(
-            s.allocated is None and s.resources_requests is None and s.resources_limits is None
-            for s in self.statuses.values()
-        )
-
-    def pod_level_requests_set(self) -> bool:
-        return any(_is_supported_pod_level_resource(n) for n in self.pod_requests or ())
-
-    def pod_level_resources_set(self) -> bool:
-        return self.pod_level_requests_set() or any(
-            _is_supported_pod_level_resource(n) for n in self.pod_limits or ()
-        )
-
-
-_ContainerFn: TypeAlias = Callable[[_Container, _Status | None, bool], ResourceList | None]
-"""Picks one container's resources: (container, its status or None, resize infeasible)."""
-
-
-def _is_pod_resize_infeasible(status: Mapping[str, Any]) -> bool:
-    for i, condition in enumerate(get_list(status, "conditions", "status.conditions")):
-        if not isinstance(condition, Mapping):
-            raise ObjectError(f"status.conditions[{i}]", "expected an object")
-        if condition.get("type") == "PodResizePending":
-            return condition.get("reason") == "Infeasible"
-    return False
-
-
-def _spec_requests(c: _Container, _s: _Status | None, _inf: bool) -> ResourceList:
-    return c.requests
-
-
-def _allocated_requests(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
-    if s is not None and s.allocated is not None:
-        return s.allocated
-    return None if infeasible else c.requests
-
-
-def _actuated_requests(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
-    if s is not None and s.resources_requests is not None:
-        return s.resources_requests
-    if s is not None and s.allocated is not None:
-        return s.allocated
-    return None if infeasible else c.requests
-
-
-def _spec_limits(c: _Container, _s: _Status | None, _inf: bool) -> ResourceList:
-    return c.limits
-
-
-def _actuated_limits(c: _Container, s: _Status | None, infeasible: bool) -> ResourceList | None:
-    if s is not None and s.resources_limits is not None:
-        return s.resources_limits
-    return None if infeasible else c.limits
-
-
-def _pod_requests(res: _PodResources) -> dict[str, Quantity]:
-    spec = res.aggregate(_spec_requests)
-    if res.statuses_change_nothing():
-        reqs = spec  # the common case, and the one cache fills are made of
-    else:
-        allocated = res.aggregate(_allocated_requests)
-        actuated = res.aggregate(_actuated_requests)
-        reqs = (
-            _max_of(actuated, allocated) if res.infeasible else _max_of(spec, actuated, allocated)
-        )
-    if res.pod_level_requests_set():
-        for name, quantity in (res.pod_requests or {}).items():
-            if _is_supported_pod_level_resource(name):
-                reqs[name] = quantity
-    _add_into(reqs, res.overhead)
-    return reqs
-
-
-def _pod_limits(res: _PodResources) -> dict[str, Quantity]:
-    spec = res.aggregate(_spec_limits)
-    if res.statuses_change_nothing():
-        limits = spec
-    else:
-        actuated = res.aggregate(_actuated_limits)
-        limits = dict(actuated) if res.infeasible else _max_of(spec, actuated)
-    if res.pod_level_resources_set():
-        for name, quantity in (res.pod_limits or {}).items():
-            if _is_supported_pod_level_resource(name):
-                limits[name] = quantity
-    # Overhead only raises limits that are set and non-zero: an unset limit stays unlimited.
-    for name, quantity in res.overhead.items():
-        current = limits.get(name)
-        if current is not None and current.nanos != 0:
-            limits[name] = current + quantity
-    return limits
-
-
-def pod_requests(pod: Obj) -> dict[str, Quantity]:
-    """Effective pod requests (``resourcehelper.PodRequests``) with overhead."""
-    return _pod_requests(_PodResources.parse(pod))
-
-
-def pod_limits(pod: Obj) -> dict[str, Quantity]:
-    """Effective pod limits (``resourcehelper.PodLimits``) with overhead on non-zero limits."""
-    return _pod_limits(_PodResources.parse(pod))
+# -- usage --
 
 
 def pod_compute_usage(requests: ResourceList, limits: ResourceList) -> dict[str, Quantity]:
@@ -426,50 +169,6 @@ def is_terminating(pod: Obj) -> bool:
     if isinstance(deadline, bool) or not isinstance(deadline, int):
         raise ObjectError("spec.activeDeadlineSeconds", f"expected an integer, got {deadline!r}")
     return deadline >= 0
-
-
-def _resource_qos_best_effort(requests: ResourceList, limits: ResourceList) -> bool | None:
-    """``resourceQOS`` reduced to what quota needs: True BestEffort, False Guaranteed, None
-    Burstable (only cpu and memory decide)."""
-    if not requests and not limits:
-        return True
-    best_effort: bool | None = None
-    for name in ("cpu", "memory"):
-        request = requests.get(name)
-        limit = limits.get(name)
-        req = 0 if request is None else request.nanos
-        lim = 0 if limit is None else limit.nanos
-        if req != lim:
-            return None
-        zero = req == 0
-        if best_effort is None:
-            best_effort = zero
-        elif best_effort != zero:
-            return None
-    return best_effort
-
-
-def _is_best_effort(pod: Obj, res: _PodResources | None = None) -> bool:
-    qos_class = get_str(get_mapping(pod, "status"), "qosClass", "status.qosClass")
-    if qos_class:
-        # The API server records the class at creation; upstream GetPodQOS trusts it.
-        return qos_class == "BestEffort"
-    res = res or _PodResources.parse(pod)
-    if res.pod_requests is not None:
-        # Pod-level resources decide alone when spec.resources is present.
-        return _resource_qos_best_effort(res.pod_requests, res.pod_limits or {}) is True
-    classes = {
-        _resource_qos_best_effort(c.requests, c.limits)
-        for c in (*res.init_containers, *res.containers)
-    }
-    if not classes:
-        return True
-    return classes == {True}
-
-
-def is_best_effort(pod: Obj) -> bool:
-    """The pod's QoS class is BestEffort (``qos.GetPodQOS``)."""
-    return _is_best_effort(pod)
 
 
 def _cross_namespace_terms(terms: Sequence[Any], field: str, weighted: bool) -> bool:
@@ -579,11 +278,11 @@ def project_pod(pod: Obj | PodProjection) -> PodProjection:
     spec = get_mapping(pod, "spec")
     status = get_mapping(pod, "status")
     terminal = get_str(status, "phase", "status.phase") in _TERMINAL_PHASES
-    res = _PodResources.parse(pod)
+    res = PodResources.parse(pod)
     if terminal:
         items = _COUNT_ONLY
     else:
-        usage = pod_compute_usage(_pod_requests(res), _pod_limits(res))
+        usage = pod_compute_usage(effective_requests(res), effective_limits(res))
         items = ((POD_OBJECT_COUNT_NAME, _ONE), *usage.items())
     return PodProjection(
         namespace=get_str(metadata, "namespace", "metadata.namespace"),
@@ -591,7 +290,7 @@ def project_pod(pod: Obj | PodProjection) -> PodProjection:
         terminal=terminal,
         deletion_deadline=_deletion_deadline(pod),
         terminating=is_terminating(pod),
-        best_effort=_is_best_effort(pod, res),
+        best_effort=is_best_effort(pod, res),
         priority_class=get_str(spec, "priorityClassName", "spec.priorityClassName"),
         cross_namespace_affinity=uses_cross_namespace_pod_affinity(pod),
         usage_items=items,
@@ -674,7 +373,7 @@ class PodEvaluator:
 
     def constraints(self, required: Iterable[str], obj: Obj) -> None:
         """Every container must set cpu/memory when a quota tracks them (upstream mistake)."""
-        res = _PodResources.parse(obj)
+        res = PodResources.parse(obj)
         if res.pod_level_resources_set():
             # Pod-level resources make container-level values optional.
             return
