@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import builders
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
@@ -26,12 +28,12 @@ pytestmark = pytest.mark.unit
 T0 = calendar.timegm(time.strptime("2026-11-25T05:00:00Z", "%Y-%m-%dT%H:%M:%SZ"))
 
 
-def pod(name: str, created_s: int, phase: str = "Pending") -> tuple[str, dict[str, Any]]:
+def pod_entry(name: str, created_s: int, phase: str = "Pending") -> tuple[str, dict[str, Any]]:
+    """The soak's record of a pod: ``("pods", the pod as listed)``."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + created_s))
-    return "pods", {
-        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": stamp},
-        "status": {"phase": phase},
-    }
+    return "pods", builders.pod(
+        name, namespace="ns", creation_timestamp=stamp, bare=True, phase=phase
+    )
 
 
 def nodeport(name: str, created_s: int, ports: int) -> tuple[str, dict[str, Any]]:
@@ -45,20 +47,24 @@ def nodeport(name: str, created_s: int, ports: int) -> tuple[str, dict[str, Any]
 @pytest.mark.parametrize(
     ("name", "objects", "hard", "stable_since", "over"),
     [
-        ("at the limit", [pod("a", 10), pod("b", 20)], {"pods": "2"}, T0, []),
+        ("at the limit", [pod_entry("a", 10), pod_entry("b", 20)], {"pods": "2"}, T0, []),
         ("one past, the last created after the hard was set",
-         [pod("a", 10), pod("b", 20), pod("c", 30)], {"pods": "2"}, T0, ["pods/ns/c"]),
+         [pod_entry("a", 10), pod_entry("b", 20), pod_entry("c", 30)], {"pods": "2"}, T0,
+         ["pods/ns/c"]),
         # Lowered at +25 s over three existing pods: nothing was admitted past it.
         ("over, every object older than the hard",
-         [pod("a", 10), pod("b", 20), pod("c", 21)], {"pods": "2"}, T0 + 25, []),
+         [pod_entry("a", 10), pod_entry("b", 20), pod_entry("c", 21)], {"pods": "2"}, T0 + 25, []),
         # Creation times are whole seconds: a pod stamped in the second the hard changed may
         # have been admitted before it.
         ("over, the last created in the second the hard changed",
-         [pod("a", 10), pod("b", 20), pod("c", 25)], {"pods": "2"}, T0 + 25.5, []),
+         [pod_entry("a", 10), pod_entry("b", 20), pod_entry("c", 25)], {"pods": "2"}, T0 + 25.5,
+         []),
         ("over, the last created the second after",
-         [pod("a", 10), pod("b", 20), pod("c", 26)], {"pods": "2"}, T0 + 25.5, ["pods/ns/c"]),
+         [pod_entry("a", 10), pod_entry("b", 20), pod_entry("c", 26)], {"pods": "2"}, T0 + 25.5,
+         ["pods/ns/c"]),
         ("a finished pod uses nothing",
-         [pod("a", 10), pod("b", 20, "Succeeded"), pod("c", 30)], {"pods": "2"}, T0, []),
+         [pod_entry("a", 10), pod_entry("b", 20, "Succeeded"), pod_entry("c", 30)], {"pods": "2"},
+         T0, []),
         # Two NodePort services of 2 ports each: 4 node ports against 3.
         ("node ports are counted per port",
          [nodeport("s", 10, 2), nodeport("t", 20, 2)], {"services.nodeports": "3"}, T0,
