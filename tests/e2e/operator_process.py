@@ -419,7 +419,7 @@ class TallyProcess:
 
     def webhook_listening(self) -> bool:
         """Whether this process's webhook port accepts connections (the Deployment's readiness
-        probe: Kopf opens it only after tally's caches are synced)."""
+        probe: tally's webhook server opens it only after the caches are synced)."""
         with (
             contextlib.suppress(OSError),
             socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1),

@@ -1,4 +1,4 @@
-"""tally.webhook.server: the AdmissionReview envelope is checked before Kopf sees it."""
+"""tally.webhook.server: the AdmissionReview envelope is checked before a handler sees it."""
 
 from __future__ import annotations
 

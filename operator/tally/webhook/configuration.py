@@ -1,9 +1,12 @@
-"""The quota webhook's registration: which requests the API server sends to tally, and how.
+"""tally's webhook registration: which requests the API server sends to tally, and how.
 
-tally manages its ValidatingWebhookConfiguration itself instead of letting Kopf do it, because
-Kopf's managed configuration has ``timeoutSeconds: 30`` hard-coded and no namespaceSelector, and
-would list every resource its handlers match — tally's handler matches everything, and a
-fail-closed webhook on leases and events would hurt the whole cluster.
+One ValidatingWebhookConfiguration holds tally's three webhooks, all served by tally's own
+server (:class:`tally.webhook.server.WebhookServer`): quota admission (:data:`WEBHOOK_NAME`,
+path ``/quota``), PodSet validation (:data:`PODSET_WEBHOOK_NAME`, ``/validate-podsets``) and
+ClusterQuota validation (:data:`CLUSTER_QUOTA_WEBHOOK_NAME`, ``/validate-clusterquotas``).
+tally writes it itself (:mod:`tally.webhook.registrar`), with its own timeout and
+namespaceSelector, and sends the quota webhook nothing a quota cannot charge: a fail-closed
+webhook on leases and events would hurt the whole cluster.
 
 The rules cover exactly what a quota can charge: the core kinds with evaluators or legacy object
 counts, plus every ``count/<resource>.<group>`` some quota names, and every other kind with a
@@ -20,10 +23,10 @@ kind are sent creations only (an object count never changes on update). No ``/st
 subresource is ever sent (:data:`NEVER_ROUTED_SUBRESOURCES`). Rules are grouped per API group
 and set of operations, so the configuration stays a handful of rules however many kinds.
 
-Every webhook's client config points at ``<url>/<handler-id>`` — or, in a cluster, at a Service
-(``service: {namespace, name, port, path: /<handler-id>}``; URL client configs naming Service
-DNS often fail): a Kopf webhook path without a handler id runs no handler and allows
-everything.
+Every webhook's client config points at ``<url>/<webhook id>`` — or, in a cluster, at a Service
+(``service: {namespace, name, port, path: /<webhook id>}``; URL client configs naming Service
+DNS often fail): the server finds the handler by that last path segment and answers any other
+path 404.
 
 Fixed fields, whatever the mode: failurePolicy ``Fail`` by default (a quota is a limit
 only if creation is refused when tally cannot judge it), sideEffects ``NoneOnDryRun`` (dry-run
@@ -48,7 +51,8 @@ from tally.evaluators.registry import group_resource_for_count_name, new_registr
 from tally.machinery.validation import is_dns1123_label
 
 QUOTA_WEBHOOK_ID: Final = "quota"
-"""The Kopf handler id, and so the last URL path segment of the webhook."""
+"""The quota webhook's id in :class:`~tally.webhook.server.WebhookServer`'s handlers, and so
+the last URL path segment of the webhook."""
 
 WEBHOOK_NAME: Final = "quota.tally.dev"
 

@@ -7,8 +7,9 @@ every reviewed object to build an empty patch, and answers 404 for a resource it
 watch has not seen yet (a ``count/`` resource a quota names right after its CRD appeared). Kopf
 stays what tally is built on: the watches, start-up and clean-up, and probes.
 
-Routes: ``POST /<webhook id>`` for each handler (``/quota``, ``/validate-podsets``: the paths
-:mod:`tally.webhook.configuration` registers); any other path is a 404.
+Routes: ``POST /<webhook id>`` for each handler (``/quota``, ``/validate-podsets``,
+``/validate-clusterquotas``: the paths :mod:`tally.webhook.configuration` registers); any other
+path is a 404.
 
 A request, in order (:meth:`WebhookServer._serve`):
 
