@@ -48,7 +48,7 @@ async def _runtime(**settings: Any) -> AsyncIterator[Runtime]:
     api = client.ApiClient()
     runtime = Runtime(Settings(**settings), api)
     runtime.on_event(RESOURCE_QUOTAS, "ADDED", _quota({"pods": "0"}, resource_version="1"))
-    await _queued(runtime.controller.queue)  # the quota's own first sync
+    await _queued(runtime.quota.controller.queue)  # the quota's own first sync
     try:
         yield runtime
     finally:
@@ -63,30 +63,30 @@ async def runtime() -> AsyncIterator[Runtime]:
 
 async def test_a_pod_deletion_recalculates_the_namespaces_quotas(runtime: Runtime) -> None:
     runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p"))
-    await _queued(runtime.controller.queue)
+    await _queued(runtime.quota.controller.queue)
     runtime.on_event(PODS, "DELETED", _pod("p", uid="u-p"))
-    assert [KEY] == await _queued(runtime.controller.queue)
+    assert [KEY] == await _queued(runtime.quota.controller.queue)
 
 
 async def test_a_pod_event_confirms_its_charge(runtime: Runtime) -> None:
     ref = ObjectRef(PODS, "team", "p")
-    runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
+    runtime.quota.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
     runtime.on_event(PODS, "ADDED", _pod("p", uid="u-other"))  # another incarnation of the name
-    assert 1 == len(runtime.charges)
+    assert 1 == len(runtime.quota.charges)
     runtime.on_event(PODS, "MODIFIED", _pod("p", uid="u-p"))
-    assert 0 == len(runtime.charges)
+    assert 0 == len(runtime.quota.charges)
 
 
 async def test_a_released_charge_recalculates_its_quota(runtime: Runtime) -> None:
-    runtime.charges.release_now({KEY: {"pods": Quantity.parse("1")}})
-    assert [KEY] == await _queued(runtime.controller.queue)
+    runtime.quota.charges.release_now({KEY: {"pods": Quantity.parse("1")}})
+    assert [KEY] == await _queued(runtime.quota.controller.queue)
 
 
 async def test_a_deleted_quota_leaves_no_charge_behind(runtime: Runtime) -> None:
     ref = ObjectRef(PODS, "team", "p")
-    runtime.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
+    runtime.quota.charges.record(ref, "u-p", "", {KEY: {"pods": Quantity.parse("1")}})
     runtime.on_event(RESOURCE_QUOTAS, "DELETED", _quota({"pods": "1"}, resource_version="2"))
-    assert (0, {}) == (len(runtime.charges), runtime.charges.held(KEY))
+    assert (0, {}) == (len(runtime.quota.charges), runtime.quota.charges.held(KEY))
 
 
 async def test_a_deleted_quota_leaves_no_metric_series_on_a_replica_that_does_not_lead(
@@ -118,7 +118,7 @@ async def test_a_raise_nobody_here_wrote_is_held_only_with_leader_election() -> 
             runtime.on_event(
                 RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "3"}, resource_version="5")
             )
-            assert held == runtime.charges.held(KEY), leader_election
+            assert held == runtime.quota.charges.held(KEY), leader_election
 
 
 class _Registered:
@@ -135,7 +135,7 @@ async def test_a_creation_in_an_exempt_namespace_recalculates_its_quotas() -> No
         async for runtime in _runtime(exempt_namespaces=exempt):
             runtime.serving.registrar = _Registered()  # type: ignore[assignment]
             runtime.on_event(PODS, "ADDED", _pod("p", uid="u-p"))
-            assert queued == await _queued(runtime.controller.queue), exempt
+            assert queued == await _queued(runtime.quota.controller.queue), exempt
 
 
 async def test_namespaces_tally_does_not_manage_are_ignored() -> None:
@@ -199,7 +199,7 @@ async def test_a_usage_write_does_not_send_discovery_through_every_quota(
     # Admission writes usage many times a second: neither the dynamic count/ kinds nor the
     # webhook rules depend on it, only on the names in spec.hard and status.hard.
     pokes: list[str] = []
-    monkeypatch.setattr(runtime.dynamic, "poke", lambda: pokes.append("poke"))
+    monkeypatch.setattr(runtime.quota.dynamic, "poke", lambda: pokes.append("poke"))
     runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "1"}, resource_version="2"))
     runtime.on_event(RESOURCE_QUOTAS, "MODIFIED", _quota({"pods": "3"}, resource_version="3"))
     assert pokes == []
@@ -215,7 +215,7 @@ async def test_a_cluster_quota_usage_write_does_not_poke_discovery(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pokes: list[str] = []
-    monkeypatch.setattr(runtime.dynamic, "poke", lambda: pokes.append("poke"))
+    monkeypatch.setattr(runtime.quota.dynamic, "poke", lambda: pokes.append("poke"))
 
     def cq(used: str, version: str, hard: dict[str, str]) -> dict[str, Any]:
         return {

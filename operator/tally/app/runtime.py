@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
 from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
-from tally.admission.config import load_configuration
-from tally.admission.evaluator import QuotaEvaluator
 from tally.app.heap import heap_trimmer
 from tally.app.kinds import (
     CLUSTER_QUOTAS,
@@ -39,41 +37,19 @@ from tally.app.kinds import (
 )
 from tally.app.leading import Leading
 from tally.app.metrics import Metrics
+from tally.app.quota_system import QuotaSystem
 from tally.app.serving import WebhookServing
 from tally.app.settings import Settings
-from tally.builtin_quota import decision as builtin_quota
-from tally.builtin_quota import probe as builtin_quota_probe
-from tally.charges import ChargeLedger
-from tally.charges.own_writes import OwnWrites
-from tally.clusterquota import quota as cluster_quota
-from tally.clusterquota.admission import ClusterQuotaBinding
-from tally.clusterquota.controller import ClusterQuotaController, namespace_labels
-from tally.clusterquota.measures import MeasureCatalog
-from tally.clusterquota.routing import ClusterQuotaEvents
+from tally.clusterquota.controller import namespace_labels
 from tally.evaluators.base import GroupResource
 from tally.evaluators.podsets import PodSetEvaluator
 from tally.evaluators.registry import Registry, new_registry
-from tally.kube import cluster_quotas, rest
+from tally.kube import rest
 from tally.kube.access_reviews import KubeAccessReviewer
-from tally.kube.charge_verifier import KubeChargeVerifier
-from tally.kube.cluster_quotas import KubeClusterQuotaWriter
-from tally.kube.events import WarningRecorder
 from tally.kube.informers import KubeInformers
-from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery import leaderelection
-from tally.machinery.cache import Change, Store
 from tally.podset import client as podset_client
 from tally.podset.controller import PodSetController, pod_view
-from tally.quota.identity import (
-    CLUSTER_QUOTA_KIND,
-    QuotaKey,
-    cluster_quota_of,
-)
-from tally.resourcequota.controller import ResourceQuotaController
-from tally.resourcequota.monitor import DynamicKinds
-from tally.resourcequota.replenishment import replenisher
-from tally.resourcequota.reporting import EVENT_COMPONENT
-from tally.resourcequota.routing import QuotaEvents
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,
     PODSET_WEBHOOK_ID,
@@ -88,9 +64,6 @@ from tally.webhook.server import (
 
 logger = logging.getLogger(__name__)
 
-CLUSTER_QUOTA_LANE: Final = "*clusterquotas"
-"""Admission's lane for every namespace a ClusterQuota selects ("*": no namespace name)."""
-ADMISSION_TIMEOUT_S: Final = 9.5
 STOP_TIMEOUT_S: Final = 5.0
 """How long a stop waits for others in all: reviews and syncs in progress, and the API server
 (the Lease released, the last Events written, the webhook configuration removed where
@@ -133,8 +106,6 @@ class Runtime:
         ``on_leadership_lost``: called once the controllers stopped after the lease was
         lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
-        # Creations there pass no tally webhook: their quotas are recalculated instead.
-        self._exempt = frozenset(settings.webhook_exempt_namespaces)
         self.api = api
         self.dedicated_api = dedicated_api or api
         self.watch_api = watch_api or self.dedicated_api
@@ -157,15 +128,6 @@ class Runtime:
         # count/podsets.tally.dev, and what PodSets will use (podsets.tally.dev/…): admission
         # charges creates, spec growth and scale writes.
         self.registry.register(PodSetEvaluator())
-        # ClusterQuota measures: compiled once, registered as the measured kinds' evaluators.
-        # The kinds tally always watches keep compact projections, and resource claims have
-        # their own evaluator: not measurable.
-        self.measures = MeasureCatalog(
-            unmeasurable={
-                RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS, CLUSTER_QUOTAS, NAMESPACES,
-                *(e.group_resource for e in self.registry.list()),
-            }
-        )  # fmt: skip
         self.caches = KubeInformers(
             api,
             versions=OWN_KINDS,
@@ -181,109 +143,17 @@ class Runtime:
             self.caches.add(gr, evaluator.project if evaluator is not None else _keep_whole)
         # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle).
         self.pod_views = self.caches.add_view(PODS, "pods(podset)", pod_view)
-        self.quotas: Store[Any] = self.informers[RESOURCE_QUOTAS].store
-        # One mapping shared by the controller (read at every sync), the charge verifier and
-        # the dynamic kinds (which add and remove the stores of count/ resources at run time).
-        # Quotas count quotas too (``resourcequotas``, ``count/resourcequotas``).
-        self.stores: dict[GroupResource, Store[Any]] = {
-            gr: self.informers[gr].store for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS)
-        }
-        # Asks the API, past a charge's deadline, whether its object was stored; on the
-        # dedicated client (bounded by its own concurrency), so that no question waits behind
-        # the controllers' requests and runs out of time.
-        self.charge_verifier = KubeChargeVerifier(
-            self.dedicated_api,
-            timeout=settings.charge_confirm_timeout,
-            version_of=self._served_version,
-            stores=self.stores,
-        )
-        # Admission's charges until their objects reach the caches (confirmed) or the timeout
-        # passes (released: the quotas are recalculated). Every replica keeps its own; with
-        # leader election the leader also holds the raises of usage the others write
-        # (KubeQuotaAccessor).
-        self.charges = ChargeLedger(
-            settings.charge_confirm_timeout,
-            metrics=self.metrics,
-            recalculate=self._recalculate,
-            verify=self.charge_verifier.verify,
-        )
-        self.metrics.watch_charges(self.charges.oldest_age)
-        # Other replicas' raises are held (with leader election) as their charges.
-        self.own_writes = OwnWrites(self.charges if settings.leader_election else None)
-        self.cluster_quota_writer = KubeClusterQuotaWriter(
-            self.dedicated_api, tracker=self.own_writes, controller_api=api
-        )
-        self.cluster_controller = ClusterQuotaController(
-            self.registry,
-            self.informers[CLUSTER_QUOTAS].store,
-            self.informers[NAMESPACES].store,
-            self.stores,
-            self.cluster_quota_writer,
-            workers=settings.workers,
-            resync_period=settings.resync_period,
-            charges=self.charges,
-            newest=self.cluster_quota_writer.newest,
-            metrics_provider=self.metrics.workqueue,
-            observer=self.metrics,
-            admission_ready=self._admission_rules_current,
-            recorder=WarningRecorder(
-                api,
-                kind=CLUSTER_QUOTA_KIND,
-                api_version=f"{cluster_quotas.GROUP}/{cluster_quotas.VERSION}",
-                component=EVENT_COMPONENT,
-            ),
-        )
-        self.accessor = KubeQuotaAccessor(
-            self.quotas,
-            self.dedicated_api,
-            # Admission judges the ClusterQuotas selecting a namespace beside its own quotas.
-            cluster_quotas=ClusterQuotaBinding(
-                self.cluster_controller,
-                self.informers[CLUSTER_QUOTAS].store,
-                self.cluster_quota_writer,
-            ),
-            controller_api=api,
-            writes=self.own_writes,
-        )
-        self.controller = ResourceQuotaController(
-            self.registry,
-            self.quotas,
-            self.stores,
-            self.accessor,
-            workers=settings.workers,
-            resync_period=settings.resync_period,
-            metrics_provider=self.metrics.workqueue,
-            observer=self.metrics,
-            charges=self.charges,
-            newest=self.accessor.newest,
-        )
-        self.admission = QuotaEvaluator(
-            self.accessor,
-            self.registry,
-            load_configuration(settings.admission_config),
-            workers=settings.admission_workers,
-            # Under the webhook's 10 s timeoutSeconds, so that the API server gets our answer
-            # (upstream's words, 500) rather than giving up and applying the failure policy.
-            timeout=ADMISSION_TIMEOUT_S,
-            metrics=self.metrics,
-            charges=self.charges,
-            lane_of=self._admission_lane,
-        )
-        self.dynamic = DynamicKinds(
+        self.serving = WebhookServing(settings, api, self.metrics)
+        self.quota = QuotaSystem(
+            settings,
             api,
-            self.registry,
-            self._quota_specs,
-            self.stores,
-            watched={RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS},
-            replenish=self._replenish,
-            creations_charged=self.creations_charged,
-            charges=self.charges,
-            on_kind_synced=self._count_kind_synced,
-            may_report=lambda: self.leadership.leading,
+            dedicated_api=self.dedicated_api,
             watch_api=self.watch_api,
-        )
-        self.metrics.watch_uncounted(
-            lambda: {str(gr): problem.reason for gr, problem in self.dynamic.problems.items()}
+            registry=self.registry,
+            metrics=self.metrics,
+            caches=self.caches,
+            serving=self.serving,
+            may_report=lambda: self.leadership.leading,
         )
         # One client-side budget for the PodSet controller's requests, its Events included
         # (upstream: one per controller client, which its Event sink shares); None = unlimited.
@@ -303,108 +173,22 @@ class Runtime:
             self.informers[PODSETS].store.get,
             podset_client.KubePodSetClient(self.dedicated_api).get_podset,
         )
-        self.serving = WebhookServing(settings, api, self.metrics)
         self.leadership = Leading(
             self.identity,
             self.metrics,
-            controllers=lambda: [
-                *([self.controller] if self.enforces_resource_quotas else []),
-                self.cluster_controller,
+            controllers=lambda: [*self.quota.controllers(), self.podset_controller],
+            all_controllers=[
                 self.podset_controller,
+                self.quota.controller,
+                self.quota.cluster_controller,
             ],
-            all_controllers=[self.podset_controller, self.controller, self.cluster_controller],
             registrar=lambda: self.serving.registrar,
-            on_begun=self.dynamic.poke,  # Events a follower only logged are posted now
+            on_begun=self.quota.dynamic.poke,  # Events a follower only logged are posted now
             on_lost=on_leadership_lost,
         )
         self._metrics_runner: web.AppRunner | None = None
-        self._wire_handlers()
-
-    @property
-    def enforces_resource_quotas(self) -> bool:
-        """False where the cluster's own quota system is on: ClusterQuotas only (decided by the
-        start-up probe, before anything starts)."""
-        return self.admission.charges_resource_quotas
-
-    def _admission_rules_current(self) -> bool:
-        """Whether the API server sends tally's webhook every kind the quotas name; True without
-        a registrar (the webhook is off: nothing to wait for)."""
-        return self.serving.rules_current()
-
-    def _wire_handlers(self) -> None:
-        self.informers[RESOURCE_QUOTAS].add_handler(
-            QuotaEvents(
-                self.controller,
-                charges=self.charges,
-                writes=self.own_writes,
-                observer=self.metrics,
-                enforcing=lambda: self.enforces_resource_quotas,
-                # Quotas count quotas too (``count/resourcequotas``): after the controller.
-                replenish=self._replenisher(RESOURCE_QUOTAS),
-                names_changed=self._quota_names_changed,
-            )
-        )
-        for gr in (*TRACKED_CORE_KINDS, PODSETS):
-            self.informers[gr].add_handler(self._replenisher(gr))
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
-        self.informers[CLUSTER_QUOTAS].add_handler(
-            ClusterQuotaEvents(
-                self.cluster_controller,
-                writes=self.own_writes,
-                observer=self.metrics,
-                measures_changed=self._refresh_measures,
-                names_changed=self._quota_names_changed,
-            )
-        )
-        self.informers[NAMESPACES].add_handler(self.cluster_controller.on_namespace)
         self.pod_views.add_handler(self.podset_controller.on_pod)
-
-    def _quota_names_changed(self) -> None:
-        """The resources some quota names may have changed: the dynamic ``count/`` kinds and
-        the webhook rules follow. Not on a write of usage alone (admission makes many; each
-        would have both look through every quota again)."""
-        self.dynamic.poke()
-        self.serving.quotas_changed()
-
-    def _admission_lane(self, namespace: str) -> str:
-        """Quota admission's pass for ``namespace``'s requests: its own, or the one shared by
-        every namespace a ClusterQuota selects (a name no namespace can have)."""
-        return CLUSTER_QUOTA_LANE if self.cluster_controller.selecting(namespace) else namespace
-
-    def _replenish(
-        self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
-    ) -> None:
-        """Usage in ``namespace`` may have changed: both controllers' replenishment."""
-        self.controller.replenish(group_resource, namespace, unsynced_only=unsynced_only)
-        self.cluster_controller.replenish(group_resource, namespace, unsynced_only=unsynced_only)
-
-    def _replenisher(self, gr: GroupResource) -> Callable[[Change[Any]], None]:
-        return replenisher(
-            self._replenish,
-            gr,
-            self.registry.get(gr),
-            self.informers[gr].store,
-            creations_charged=self.creations_charged,
-            charges=self.charges,
-        )
-
-    def _served_version(self, gr: GroupResource) -> str | None:
-        """The API version tally reads ``gr`` at (core kinds: v1); None for a kind no longer
-        watched."""
-        if not gr.group:
-            return "v1"
-        if gr in OWN_KINDS:
-            return OWN_KINDS[gr]
-        return self.dynamic.version(gr)
-
-    def _recalculate(self, keys: Iterable[QuotaKey]) -> None:
-        """Quotas whose held charges were released (or whose late object arrived)."""
-        for key in keys:
-            name = cluster_quota_of(key)
-            if name is None:
-                self.controller.queue.add(key)
-            else:
-                self.cluster_controller.queue.add(name)
 
     # -- lifecycle
 
@@ -437,10 +221,7 @@ class Runtime:
             # binds the metrics port again.
             await self._stop_metrics()
             raise
-        self._refresh_measures()
-        self.dynamic.start()
-        self.charges.start()
-        self.admission.start()
+        self.quota.start()
         if self.heap_trimmer is not None:
             self.heap_trimmer.start()
         if self.pool_renewal is not None:
@@ -457,13 +238,13 @@ class Runtime:
                     PODSET_WEBHOOK_ID: podset_review,
                     CLUSTER_QUOTA_WEBHOOK_ID: clusterquota_review(
                         self.registry,
-                        self.measures,
-                        lambda: self.informers[CLUSTER_QUOTAS].store.in_namespace(""),
+                        self.quota.measures,
+                        lambda: self.quota.cluster_quotas.in_namespace(""),
                     ),
                 },
-                quotas=self._quota_specs,
+                quotas=self.quota.quota_specs,
                 evaluators=self.registry.list,
-                core_always=self.enforces_resource_quotas,
+                core_always=self.quota.enforces_resource_quotas,
             )
         self.leadership.start(settings, self.dedicated_api)
 
@@ -482,7 +263,7 @@ class Runtime:
             raise failed.exceptions[0] from None
 
     async def _check_then_sync_quotas(self) -> None:
-        await self._check_builtin_quota()
+        await self.quota.check_builtin_quota(self.api, self.settings)
         # Quotas only after the probe: a LIST taken while the probe quota exists would keep it
         # in the store (Kopf's watch, started later, never reports its deletion) until the next
         # re-list, and the controller would sync a deleted quota. Quotas are few: a quick LIST,
@@ -491,41 +272,6 @@ class Runtime:
 
     async def _sync_all_but_quotas(self) -> None:
         await self.caches.sync(gr for gr in self.informers if gr != RESOURCE_QUOTAS)
-
-    async def _check_builtin_quota(self) -> None:
-        """Leave ResourceQuotas to upstream's own quota system where it is on."""
-        decision = await builtin_quota_probe.check(
-            self.api, self.settings.namespace, allowed=self.settings.allow_builtin_quota
-        )
-        if decision.action is builtin_quota.Action.CLUSTER_QUOTAS_ONLY:
-            self.admission.charges_resource_quotas = False
-        self.metrics.enforcing(resource_quotas=self.enforces_resource_quotas)
-
-    def _refresh_measures(self) -> None:
-        """The measured kinds' evaluators follow the ClusterQuotas; a changed kind is watched
-        again."""
-        cqs = self.informers[CLUSTER_QUOTAS].store.in_namespace("")
-        for gr in self.measures.refresh(cqs, self.registry):
-            self.dynamic.evaluator_changed(gr)
-
-    def _count_kind_synced(self, gr: GroupResource) -> None:
-        """A dynamic kind's cache is ready: recalculate the quotas that name it."""
-        self.controller.enqueue_naming(gr)
-        self.cluster_controller.enqueue_naming(gr)
-
-    def _all_quotas(self) -> list[Any]:
-        return [q for ns in self.quotas.namespaces() for q in self.quotas.in_namespace(ns)]
-
-    def _quota_specs(self) -> list[Any]:
-        """Every ResourceQuota, and every ClusterQuota as a ResourceQuota-shaped view: what the
-        webhook rules and the dynamic ``count/`` kinds follow."""
-        return [
-            *(self._all_quotas() if self.enforces_resource_quotas else ()),
-            *(
-                cluster_quota.as_resource_quota(cq, "")
-                for cq in self.informers[CLUSTER_QUOTAS].store.in_namespace("")
-            ),
-        ]
 
     async def stop(self, within: float = STOP_TIMEOUT_S) -> None:
         """Stop everything, waiting ``within`` seconds at most for others in all: reviews and
@@ -544,10 +290,7 @@ class Runtime:
         # stopped (client-go ReleaseOnCancel), and keep renewing it meanwhile.
         await self.leadership.end(remove=self.settings.webhook_remove_on_exit, within=left)
         await self.leadership.release(within=left())
-        await self.admission.stop(grace_period=left())
-        self.charges.stop()
-        await self.charge_verifier.stop()
-        await self.dynamic.stop()
+        await self.quota.stop(within=left)
         await self.caches.stop()
         await self.recorder.flush(within=left())
         if left() == 0.0:
@@ -576,17 +319,8 @@ class Runtime:
             self.serving.secret_event(obj)
         self.caches.on_event(gr, event_type, obj)
 
-    def creations_charged(self, gr: GroupResource, namespace: str) -> bool:
-        """Whether quota admission charges creations of ``gr`` in ``namespace`` now (the
-        webhook is registered with a rule for it, long enough for the API server to apply it,
-        and does not exempt the namespace). Where it does not — before registration, with
-        ``TALLY_WEBHOOK_ENABLED=false``, a ``count/`` rule just added, an exempt namespace —
-        the quota controller recalculates on every creation, or usage would miss those objects
-        until the next full resync and admission would let more in."""
-        return namespace not in self._exempt and self.serving.charges_creations(gr)
-
     async def admit(self, attributes: Attributes) -> None:
         """Judge one admission request; raises ``AdmissionDenied`` to refuse it."""
         resolved = await self.scaled_podsets.resolve(attributes)
         if resolved is not None:
-            await self.admission.evaluate(resolved)
+            await self.quota.admission.evaluate(resolved)

@@ -40,7 +40,7 @@ Where tally differs from client-go, on purpose:
 * :meth:`LeaderElector.release` writes only over a record that still names this candidate
   (client-go checks its own last observation only).
 * No coordinated election (``tryCoordinatedRenew``), no events on the Lease, no healthz
-  adaptor: tally's leader stops itself when it loses (see :mod:`tally.app.runtime`).
+  adaptor: tally's leader stops itself when it loses (see :mod:`tally.app.leading`).
 
 Fencing is out of reach here as upstream: a leader that stalls (a frozen process, a network
 partition) may still have writes in flight when another takes over. tally's writes are
