@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.evaluators.base import ObjectError, Operation, parse_scope_requirement
 from tally.evaluators.podsets import PODSETS, PodSetEvaluator, scaled
 from tally.evaluators.registry import calculate_usage, new_registry
@@ -28,27 +29,14 @@ def podset(
     name: str = "web",
     resource_version: str = "7",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "selector": {"matchLabels": {"app": name}},
-        "template": {
-            "metadata": {"labels": {"app": name}},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "a",
-                        "image": "registry.example/app:1",
-                        "resources": {"requests": requests or {}, "limits": limits or {}},
-                    }
-                ]
-            },
-        },
-    }
-    if replicas is not None:
-        spec["replicas"] = replicas
-    return {
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": resource_version},
-        "spec": spec,
-    }
+    return builders.podset(
+        name,
+        replicas,
+        namespace="ns",
+        resource_version=resource_version,
+        containers=[builders.container("a", requests, limits, resources="both")],
+        with_kind=False,
+    )
 
 
 def test_usage_is_the_template_times_the_replicas() -> None:
