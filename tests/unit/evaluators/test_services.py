@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from tally.evaluators import ObjectError, ServiceEvaluator
 from tally.evaluators.base import parse_scope_requirement
 from tally.quota import resources as quota
@@ -17,10 +18,7 @@ pytestmark = pytest.mark.unit
 def service(
     service_type: str, ports: list[dict[str, Any]] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": service_type, **spec}
-    if ports is not None:
-        body["ports"] = ports
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": body}
+    return builders.service("s", service_type, ports=ports, spec=spec, with_kind=True)
 
 
 def expect(nodeports: str, loadbalancers: str) -> dict[str, str]:
