@@ -3,10 +3,13 @@
 One module for the unit tests, the e2e tests and the benchmarks. It lives in ``tests/e2e/``
 because that folder is already importable everywhere these run: pytest's ``pythonpath`` (in
 ``pyproject.toml``) puts it on ``sys.path`` for every test, unit and e2e alike, and
-``bench/_common.py`` puts it there for the benchmarks (run as plain scripts). It imports nothing
-but the standard library, so a unit test that uses it needs no cluster and no API client; the
-e2e tests send what it returns as is (``kubernetes_asyncio`` takes a dict as a body, ``kubectl``
-takes its JSON).
+``bench/_common.py`` puts it there for the benchmarks (run as plain scripts), so it needs no
+configuration of its own (``tests/`` on the path would also make ``unit`` and ``e2e`` importable
+names; mypy checks no test module, and ruff knows ``builders`` as first-party). It imports
+nothing but the standard library, so a unit test that uses it needs no cluster and no API
+client; the e2e tests send what it returns as is (``kubernetes_asyncio`` takes a dict as a body,
+``kubectl`` takes its JSON). Unit tests import it as ``import builders`` and usually bind their
+module's defaults once, e.g. ``pod = functools.partial(builders.pod, namespace="ns")``.
 
 The rule for every keyword: ``None`` (the default) leaves the field out; any other value, even
 an empty one, puts it in. So ``pod("p")`` is the smallest valid pod, and a test that needs an

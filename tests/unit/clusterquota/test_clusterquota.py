@@ -27,15 +27,16 @@ def q(text: str) -> Quantity:
 
 
 def _cq(hard: dict[str, str], status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "kind": "ClusterQuota",
-        "metadata": {"name": "team", "resourceVersion": "7"},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"team": "a"}},
-            "quota": {"hard": hard, **spec},
-        },
-        **({"status": status} if status is not None else {}),
-    }
+    """The ClusterQuota team selecting team=a; ``spec`` adds to its ``spec.quota``."""
+    return builders.cluster_quota(
+        "team",
+        hard,
+        selector={"matchLabels": {"team": "a"}},
+        resource_version="7",
+        quota=spec,
+        status=status,
+        kind_only=True,
+    )
 
 
 def test_status_total_is_the_sum_of_the_namespaces_sorted() -> None:
