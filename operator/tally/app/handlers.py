@@ -1,8 +1,9 @@
 """Kopf wiring: registers tally's handlers and translates Kopf's callbacks into calls on
 :class:`tally.app.runtime.Runtime`. Nothing here decides anything about quota.
 
-* ``@kopf.on.event`` on ResourceQuotas and every core quota-tracked kind feeds the informers.
-  These handlers return None, so Kopf writes nothing onto objects tally does not own.
+* ``@kopf.on.event`` on ResourceQuotas, every core quota-tracked kind, PodSets, ClusterQuotas
+  and namespaces feeds the informers (``Runtime.on_event``). These handlers return None, so
+  Kopf writes nothing onto objects tally does not own.
 * Admission is not Kopf's: the runtime serves tally's webhooks from its own server
   (:mod:`tally.webhook.server`, which says why) once the caches are synced.
 * Start-up raises the recursion limit (:mod:`tally.app.recursion`: the deepest objects the API
