@@ -6,8 +6,9 @@ The package is pure (no I/O, no Kopf, no Kubernetes client). ``base`` holds the
 effective requests and limits (upstream's ``resourcehelper.PodRequests``/``PodLimits``) and
 ``qos`` whether a pod is BestEffort (upstream's ``qos.GetPodQOS``), both of which the pod
 evaluator reads; ``podsets`` tally's PodSet measures (a PodSet's template usage times its
-replicas); ``registry`` the group/resource map and :func:`calculate_usage`. This module
-re-exports the names other layers use, and is the one place that imports from all of them.
+replicas); ``measured`` a ClusterQuota measure's evaluator (CEL over any kind); ``registry``
+the group/resource map and :func:`calculate_usage`. This module re-exports the names other
+layers use, and is the one place that imports from all of them.
 """
 
 from tally.evaluators.base import (

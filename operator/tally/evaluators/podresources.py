@@ -44,11 +44,12 @@ __all__ = [
     "pod_requests",
 ]
 
-_HUGEPAGES_PREFIX: Final = "hugepages-"
+HUGEPAGES_PREFIX: Final = "hugepages-"
+"""``v1.ResourceHugePagesPrefix``."""
 
 
 def _is_supported_pod_level_resource(name: str) -> bool:
-    return name in ("cpu", "memory") or name.startswith(_HUGEPAGES_PREFIX)
+    return name in ("cpu", "memory") or name.startswith(HUGEPAGES_PREFIX)
 
 
 def _add_into(target: dict[str, Quantity], other: ResourceList | None) -> None:

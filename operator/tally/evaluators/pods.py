@@ -54,7 +54,12 @@ from tally.evaluators.base import (
     get_str,
     parse_timestamp,
 )
-from tally.evaluators.podresources import PodResources, effective_limits, effective_requests
+from tally.evaluators.podresources import (
+    HUGEPAGES_PREFIX,
+    PodResources,
+    effective_limits,
+    effective_requests,
+)
 from tally.evaluators.qos import is_best_effort
 from tally.machinery.selectors import Operator, Requirement, is_qualified_name
 from tally.quota import resources as quota
@@ -93,9 +98,8 @@ POD_RESOURCES: Final = frozenset(
 )
 """Names the pod evaluator always measures (upstream ``podResources``)."""
 
-_HUGEPAGES_PREFIX: Final = "hugepages-"
 _REQUESTS_PREFIX: Final = "requests."
-_POD_RESOURCE_PREFIXES: Final = (_HUGEPAGES_PREFIX, "requests.hugepages-")
+_POD_RESOURCE_PREFIXES: Final = (HUGEPAGES_PREFIX, "requests.hugepages-")
 _DEVICE_CLASS_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 
 # NOTE (upstream): it was a mistake, but if a quota tracks cpu or memory, every container must
@@ -149,7 +153,7 @@ def pod_compute_usage(requests: ResourceList, limits: ResourceList) -> dict[str,
         if limit is not None:
             result["limits." + resource] = limit
     for name, request in requests.items():
-        if name.startswith(_HUGEPAGES_PREFIX):
+        if name.startswith(HUGEPAGES_PREFIX):
             result[name] = request
             result[_REQUESTS_PREFIX + name] = request
         if is_extended_resource_name(name):

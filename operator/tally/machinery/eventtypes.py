@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
+
+from tally.machinery import validation
 
 EVENT_TYPE_NORMAL: Final = "Normal"
 EVENT_TYPE_WARNING: Final = "Warning"
@@ -173,17 +174,12 @@ def event_from_json(raw: Mapping[str, Any]) -> Event:
 
 # -- name and type -----------------------------------------------------------------------------
 
-_DNS1123_SUBDOMAIN: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
-)
-_DNS1123_SUBDOMAIN_MAX_LENGTH: Final = 253
-
 
 def generate_event_name(ref_name: str, unix_nano: int) -> str:
     """``<object name>.<UnixNano in hex>``, or a random UUID where that is no valid name (a
     long object name; issues.k8s.io/127594)."""
     name = f"{ref_name}.{unix_nano:x}"
-    if len(name) > _DNS1123_SUBDOMAIN_MAX_LENGTH or not _DNS1123_SUBDOMAIN.match(name):
+    if validation.is_dns1123_subdomain(name):
         return str(uuid.uuid4())
     return name
 
