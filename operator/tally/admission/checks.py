@@ -61,7 +61,7 @@ from tally.evaluators.base import (
 from tally.evaluators.measured import MeasuredEvaluator
 from tally.measures import MeasureEvaluationError
 from tally.quota import resources as quota
-from tally.quota.identity import is_cluster_quota
+from tally.quota.identity import is_cluster_quota, quota_name
 from tally.quota.quantity import Quantity
 from tally.quota.resources import ResourceList
 
@@ -173,24 +173,15 @@ def has_usage_stats(hard: ResourceList, used: ResourceList, interesting: Iterabl
     return all(name in used for name in hard if name in wanted)
 
 
-def _name(q: Quota) -> str:
-    metadata = q.get("metadata")
-    if isinstance(metadata, Mapping):
-        name = metadata.get("name")
-        if isinstance(name, str):
-            return name
-    return ""
-
-
 def _status_list(q: Quota, key: str) -> dict[str, Quantity]:
     status = q.get("status")
     if status is not None and not isinstance(status, Mapping):
-        raise ValueError(f"quota {_name(q)}: status: expected an object")
+        raise ValueError(f"quota {quota_name(q)}: status: expected an object")
     raw = status.get(key) if isinstance(status, Mapping) else None
     try:
         return quota.parse_resource_list(raw, f"status.{key}")
     except quota.ResourceListError as error:
-        raise ValueError(f"quota {_name(q)}: {error}") from error
+        raise ValueError(f"quota {quota_name(q)}: {error}") from error
 
 
 def _with_used(q: Quota, used: ResourceList) -> dict[str, Any]:
@@ -297,7 +288,7 @@ def _check_request(
     restricted_resources: set[str] = set()
     restricted_scopes: list[ScopeRequirement] = []
     for index, resource_quota in enumerate(quotas):
-        name = _name(resource_quota)
+        name = quota_name(resource_quota)
         try:
             local_scopes = evaluator.matching_scopes(input_obj, quota_scopes(resource_quota))
         except ValueError as error:
@@ -387,7 +378,7 @@ def _check_request(
         if not allowed:
             raise forbidden(
                 exceeded_quota_message(
-                    _name(resource_quota),
+                    quota_name(resource_quota),
                     quota.mask(requested, exceeded),
                     quota.mask(used, exceeded),
                     quota.mask(hard, exceeded),

@@ -1,15 +1,18 @@
 """Everything one tally process runs, built from settings and an API client, in start order.
 
-:class:`Runtime` is what the Kopf handlers talk to: ``start`` builds the informers (one per
-tracked kind), LISTs them (the synced point) while the built-in quota probe checks that
-upstream's own quota system is off (:mod:`tally.builtin_quota.decision`), then starts admission and
-the dynamic kinds and prepares the webhook server, and then *leads*: starts the quota controller,
-the PodSet controller and the webhook registration; ``stop`` undoes it in reverse.
-Event entry points (``on_event``) and the admission entry point (``admit``) are plain
-coroutines, so the Kopf layer stays a few lines of translation.
+:class:`Runtime` is what :mod:`tally.app.handlers` (Kopf's start-up, clean-up and event
+callbacks) talks to. ``start`` LISTs every tracked kind (the synced point) while the built-in
+quota probe checks that upstream's own quota system is off
+(:mod:`tally.builtin_quota.decision`), then starts the quota side
+(:meth:`QuotaSystem.start <tally.app.quota_system.QuotaSystem.start>`: measures, dynamic kinds,
+charges, admission) and the webhook server, and then *leads*: starts both usage controllers,
+the PodSet controller and the webhook registration; ``stop`` undoes it in reverse. The event
+entry point (``on_event``) and the admission entry point (``admit``) are plain coroutines, so
+the Kopf layer stays a few lines of translation.
 
-Leading (what runs once in the cluster, and the Lease that decides where) is
-:mod:`tally.app.leading`'s; serving the webhooks, :mod:`tally.app.serving`'s.
+The quota side is built in :mod:`tally.app.quota_system`; leading (what runs once in the
+cluster, and the Lease that decides where) is :mod:`tally.app.leading`'s; serving the
+webhooks, :mod:`tally.app.serving`'s.
 """
 
 from __future__ import annotations
@@ -197,8 +200,8 @@ class Runtime:
         start admission, prepare the webhook, and lead (at once, or once the lease is held).
 
         Where upstream's quota system is on (and ``TALLY_ALLOW_BUILTIN_QUOTA`` is not set),
-        ClusterQuotas only: no ResourceQuota controller, no ResourceQuota judged, webhook rules
-        only for the kinds ClusterQuotas name.
+        ClusterQuotas only: no ResourceQuota controller, no ResourceQuota written (judged only),
+        webhook rules only for the kinds ClusterQuotas name.
         """
         settings = self.settings
         if settings.metrics_port:
