@@ -126,7 +126,8 @@ class Harness:
             watched=CORE_KINDS,
             replenish=self._replenish,
             # As when tally's webhook rules cover these kinds: creations were charged, so
-            # only deletions replenish (tests/unit/test_discovery.py covers the other case).
+            # only deletions replenish (tests/unit/resourcequota/test_discovery.py covers the
+            # other case).
             creations_charged=lambda _gr, _namespace: True,
             on_kind_synced=self.synced.append,
             period=1.0,

@@ -18,7 +18,7 @@ class NoEssenceDiffBase(kopf.AnnotationsDiffBaseStorage):
     the largest single cost of a pod event in tally. ``fetch``/``build`` return None, for
     which Kopf skips the progress cleaning and computes an empty diff; ``store`` (called only
     after change handlers) refuses, so a change handler added later fails loudly instead of
-    seeing no changes. ``tests/unit/test_handlers.py`` checks that none is registered.
+    seeing no changes. ``tests/unit/app/test_handlers.py`` checks that none is registered.
     """
 
     def build(self, **_: Any) -> Any:

@@ -86,7 +86,7 @@ def read_environment_once(api: client.ApiClient, host: str) -> None:
 
 
 def _stop_reading_environment(session: aiohttp.ClientSession) -> None:
-    # aiohttp has no public setter; tests/unit/test_kube.py fails if this stops working.
+    # aiohttp has no public setter; tests/unit/kube/test_kube.py fails if this stops working.
     session._trust_env = False
 
 

@@ -6,8 +6,9 @@ is client-go's ``LeaderElector`` (``leaderelection.go``, v0.37.1) in two parts:
 
 * :class:`ElectionState` — the decisions, pure: what a candidate observed, whether the lease it
   observed is still valid by its own clock, and what to write next (create, take over, renew,
-  release). Tested with plain records and a stepped clock (``tests/unit/test_leaderelection.py``,
-  the cases of client-go's ``TestTryAcquireOrRenew`` / ``TestReleaseLease``).
+  release). Tested with plain records and a stepped clock
+  (``tests/unit/machinery/test_leaderelection.py``, the cases of client-go's
+  ``TestTryAcquireOrRenew`` / ``TestReleaseLease``).
 * :class:`LeaderElector` — the loops (acquire, renew, release) over a :class:`Lock`, the few
   reads and writes of one Lease (:mod:`tally.kube.lease_lock` does them through the API, with the
   resourceVersion read: optimistic concurrency, so two candidates never both win one write).

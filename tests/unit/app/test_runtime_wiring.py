@@ -166,7 +166,7 @@ async def test_a_gap_kopf_relists_on_one_kind_relists_every_synced_kind(runtime:
 
 async def test_the_heap_is_trimmed_unless_turned_off() -> None:
     async for runtime in _runtime():
-        assert runtime.heap_trimmer is not None  # glibc: see tests/unit/test_heap.py
+        assert runtime.heap_trimmer is not None  # glibc: see tests/unit/app/test_heap.py
     async for runtime in _runtime(heap_trim_period=0):
         assert runtime.heap_trimmer is None
 
