@@ -251,7 +251,8 @@ class Settings(BaseModel):
     (``--leader-elect-retry-period``, 2 s)."""
 
     admission_workers: int = Field(default=5, ge=1, le=100)
-    """``TALLY_ADMISSION_WORKERS``: namespaces evaluated at once (upstream: 5)."""
+    """``TALLY_ADMISSION_WORKERS``: lanes evaluated at once (a namespace, or every namespace a
+    ClusterQuota selects; upstream: 5 namespaces)."""
     admission_config: str = ""
     """``TALLY_ADMISSION_CONFIG``: path of a ``ResourceQuotaConfiguration`` (LimitedResources)."""
 
