@@ -34,9 +34,9 @@ for _extra in (REPO / "hack", REPO / "tests" / "e2e"):
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
-import operator_process  # noqa: E402 (also re-exported for the benchmarks)
+import operator_process as operator_process  # noqa: E402 (re-exported for the benchmarks)
 
-import cluster  # noqa: E402
+import cluster as cluster  # noqa: E402 (re-exported too)
 
 RETRYABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 """Statuses a bulk create retries (0: the connection failed): the API server sheds load with
