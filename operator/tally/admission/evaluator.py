@@ -535,7 +535,7 @@ class QuotaEvaluator:
         # Until the pass ends, the controllers' recalculations of these quotas wait: they
         # cannot tell whether the status they read holds these charges, nor which of them a
         # retry will give back.
-        state.writing.extend(self._charges.writes_started(_written_key(q) for q in changed))
+        state.writing.extend(self._charges.writes_started(quota_key(q) for q in changed))
 
     def _record_writes(self, pending: list[Waiter], result: WriteResult) -> None:
         """Phase 4: what each stored status holds of each pending waiter's charge; what a
@@ -629,9 +629,3 @@ def _allow(waiters: Sequence[Waiter]) -> None:
 def _refuse(waiters: Sequence[Waiter], error: AdmissionDenied) -> None:
     for waiter in waiters:
         waiter.resolve(error)
-
-
-def _written_key(quota: Quota) -> QuotaKey:
-    """The ledger's key of what one status write of ``quota`` covers: a ResourceQuota; a
-    ClusterQuota whole (the share of every namespace is in the one write)."""
-    return quota_key(quota, quota_identity(quota).namespace)
