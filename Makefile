@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 CONFORMANCE_ARGS ?=
 BENCHMARKS := usage scale replenish admission podset clusterquota measures measures_admission memory churn
 
-.PHONY: install binaries helm floor prometheus run test unit e2e conformance bench lint format down clean
+.PHONY: install binaries helm kwok floor prometheus run test unit e2e conformance bench lint format down clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ binaries: $(INSTALLED)
 helm: $(INSTALLED)
 	$(PY) hack/helm.py build
 
+# kwok at the version hack/kwok/go.mod pins (hack/kwok.py), the simulated kubelet of
+# `hack/cluster.py up --nodes N`: built into the same cache, once; `up --nodes` builds it too.
+kwok: $(INSTALLED)
+	$(PY) hack/kwok.py build
+
 # The floor webhook (hack/floor.py: Go, standard library only) that bench/admission.py measures
 # tally's admission against, built into the same cache; the benchmark builds it on demand too.
 floor: $(INSTALLED)
@@ -40,13 +45,13 @@ prometheus:
 run: binaries
 	$(PY) hack/run.py
 
-test: lint binaries helm prometheus
+test: lint binaries helm kwok prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: $(INSTALLED)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-e2e: binaries helm prometheus
+e2e: binaries helm kwok prometheus
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 # Upstream's ResourceQuota e2e specs (its e2e.test, built once into the cache) against tally

@@ -2,8 +2,8 @@
 """A real upstream Kubernetes control plane on loopback: build it, start it, stop it.
 
 tally is never tested against a fake API server. This module builds kube-apiserver,
-kube-controller-manager, kubectl and etcd from the upstream Go modules pinned in
-``hack/k8s/go.mod`` (the one place that names the Kubernetes version), caches the binaries
+kube-controller-manager, kube-scheduler, kubectl and etcd from the upstream Go modules pinned
+in ``hack/k8s/go.mod`` (the one place that names the Kubernetes version), caches the binaries
 outside the repository (a fresh clone, which is what CI runs, finds them), and runs them as
 plain processes on free loopback ports with certificates it generates itself.
 
@@ -22,8 +22,12 @@ require one (mutual TLS). Several run side by side. ``down``
 stops exactly the processes recorded there, and only after checking that each pid still runs
 the binary it was started from (a recycled pid is left alone).
 
-What it leaves out: no scheduler and no kubelet, so pods stay Pending; tests set pod status
-through the status subresource (``tests/e2e/kube.py``).
+Simulated nodes, on request (``up --nodes N``, default none): kube-scheduler, built from the
+same pinned module, and kwok (``hack/kwok.py``: a simulated kubelet built from its own pinned
+module) with N fake Nodes, on which pods are scheduled, become Running and Ready, complete
+(restartPolicy Never, Jobs) and are deleted as a kubelet would do it (``hack/kwok/stages.yaml``).
+Without nodes there is no scheduler and no kubelet, so pods stay Pending; tests set pod status
+through the status subresource (``tests/e2e/tally_e2e.py``).
 
 Used as a CLI (``python hack/cluster.py build|up|down|status``) and as a library by the e2e
 fixtures. Standard library plus ``cryptography``.
@@ -57,12 +61,21 @@ from typing import Literal
 
 HACK_DIR = Path(__file__).resolve().parent
 GO_MODULE_DIR = HACK_DIR / "k8s"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 MODES = ("operator", "reference")
 Mode = Literal["operator", "reference"]
 
-# Start order; stop order is the reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+# Start order; stop order is the reverse. The last two run only with simulated nodes.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# Simulated nodes (``up --nodes N``): kwok-node-0 ... kwok-node-<N-1>, marked as kwok's by this
+# annotation, which kwok selects on (a Node a test creates for itself is left alone). No taints:
+# every pod may land on them. Their capacity is kwok's default (cpu 1k, memory 1Ti, pods 1M),
+# so nothing is ever unschedulable for lack of room.
+NODE_NAME_PREFIX = "kwok-node-"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Pod IPs kwok hands out: outside SERVICE_CLUSTER_IP_RANGE.
+POD_CIDR = "10.244.0.0/16"
 
 # A cold kube-apiserver takes a few seconds; under a parallel Go build or a loaded CI machine
 # much longer. Generous, because a control plane that is slow to start is not broken.
@@ -228,10 +241,27 @@ def build(*, force: bool = False) -> Path:
             "etcd": "./etcd",
             "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
         }
-        _say(f"building Kubernetes {version} into {directory} (first build: ~10 min on 2 cores)")
-        (directory / ".inputs").unlink(missing_ok=True)
+        stamp = directory / ".inputs"
+        # Binaries stamped with the current inputs are kept: a binary added to BINARIES (or one
+        # deleted by hand) is built alone.
+        current = (
+            not force and stamp.exists() and stamp.read_text().strip() == build_inputs_digest()
+        )
+        if current:
+            targets = {
+                name: package
+                for name, package in targets.items()
+                if not os.access(directory / name, os.X_OK)
+            }
+        else:
+            stamp.unlink(missing_ok=True)
+        _say(
+            f"building Kubernetes {version} ({', '.join(targets)}) into {directory} "
+            "(first build: ~10 min on 2 cores)"
+        )
         for name, package in targets.items():
             # -p 2: two packages at a time keeps peak memory near 1 GB on this machine's size.
             go_build(
@@ -240,7 +270,7 @@ def build(*, force: bool = False) -> Path:
                 [go, "build", "-p", "2", "-tags", "providerless", "-trimpath",
                  "-ldflags", _ldflags(version), package],
             )  # fmt: skip
-        (directory / ".inputs").write_text(build_inputs_digest() + "\n")
+        stamp.write_text(build_inputs_digest() + "\n")
         return directory
 
 
@@ -667,6 +697,8 @@ class State:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     started_at: str = ""
+    nodes: int = 0
+    """How many simulated nodes (kube-scheduler and kwok run when there are any)."""
 
     @classmethod
     def load(cls, directory: Path) -> State | None:
@@ -756,6 +788,28 @@ def api_get(state: State, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+def api_send(
+    state: State, method: str, path: str, body: object, timeout: float = 5.0
+) -> tuple[int, bytes]:
+    """``method`` (POST, PUT...) of ``body`` as JSON on the API server as the admin; (status,
+    body), status 0 when unreachable."""
+    request = urllib.request.Request(
+        state.server + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(
+            request, timeout=timeout, context=_ssl_context(state)
+        ) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
 def _log_tail(directory: Path, component: str, lines: int = 8) -> str:
     path = directory / "logs" / f"{component}.log"
     try:
@@ -782,7 +836,9 @@ def _wait(state: State, what: str, check: Callable[[], bool], deadline: float) -
         time.sleep(0.2)
 
 
-def _spawn(state: State, component: str, argv: list[str]) -> None:
+def _spawn(
+    state: State, component: str, argv: list[str], env: dict[str, str] | None = None
+) -> None:
     directory = Path(state.dir)
     log = open(directory / "logs" / f"{component}.log", "ab")  # noqa: SIM115 - child keeps it
     with log:
@@ -795,6 +851,7 @@ def _spawn(state: State, component: str, argv: list[str]) -> None:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=directory,
+            env=None if env is None else {**os.environ, **env},
         )
     state.pids[component] = process.pid
     state.save()
@@ -831,8 +888,12 @@ def up(
     apiserver_port: int | None = None,
     extra_apiserver_args: Sequence[str] = (),
     extra_controller_manager_args: Sequence[str] = (),
+    nodes: int = 0,
 ) -> State:
     """Start etcd, kube-apiserver and kube-controller-manager in ``mode``; wait until usable.
+
+    With ``nodes`` > 0 also kube-scheduler and kwok, and that many simulated nodes; usable then
+    also means every node Ready and untainted (pods are scheduled as soon as they are created).
 
     The extra arguments go last, so they override the defaults below (the last value of a flag
     wins): ``extra_controller_manager_args=["--kube-api-qps=20", "--kube-api-burst=30"]`` gives
@@ -844,6 +905,8 @@ def up(
     """
     if mode not in MODES:
         raise ClusterError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    if nodes < 0:
+        raise ClusterError(f"--nodes must be 0 or more, not {nodes}")
     directory = directory.resolve()
     existing = State.load(directory)
     if existing is not None:
@@ -858,9 +921,10 @@ def up(
         _check_port_free(apiserver_port, "kube-apiserver")
     binaries = ensure_binaries()
     version = kubernetes_version()
+    kwok_binary = _ensure_kwok() if nodes else None
 
     # A leftover from a control plane that died: its data and certificates are not reused.
-    for stale in ("etcd", "pki", "logs", "state.json", "kubeconfig"):
+    for stale in ("etcd", "pki", "logs", "state.json", "kubeconfig", "kwok", "kube-scheduler.json"):
         path = directory / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -875,6 +939,8 @@ def up(
         "kube-apiserver": apiserver_port or free_port(),
         "kube-controller-manager": free_port(),
     }
+    if nodes:
+        ports["kube-scheduler"] = free_port()
     server = f"https://127.0.0.1:{ports['kube-apiserver']}"
     kubeconfig = directory / "kubeconfig"
     kubeconfig.write_text(_kubeconfig(server, pki))
@@ -888,11 +954,14 @@ def up(
         bin_dir=str(binaries),
         ports=ports,
         started_at=datetime.datetime.now(datetime.UTC).isoformat(),
+        nodes=nodes,
     )
     state.save()
 
     try:
         _start_components(state, pki, binaries, extra_apiserver_args, extra_controller_manager_args)
+        if kwok_binary is not None:
+            _start_nodes(state, binaries, kwok_binary)
     except BaseException:
         down(directory, quiet=True)
         raise
@@ -1006,6 +1075,134 @@ def _start_components(
     )
 
 
+def _ensure_kwok() -> Path:
+    # hack/kwok.py imports this module; imported here, when needed, not at the top.
+    import kwok
+
+    return kwok.ensure_kwok()
+
+
+def fake_node(name: str) -> dict[str, object]:
+    """A simulated node as created: kwok fills in its status (Ready, addresses, capacity)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+    }
+
+
+def _nodes_ready(state: State) -> bool:
+    """Every simulated node Ready and free of the not-ready taint (which the API server puts on
+    a new Node and kube-controller-manager removes once it is Ready)."""
+    code, body = api_get(state, "/api/v1/nodes?labelSelector=type%3Dkwok")
+    if code != 200:
+        return False
+    ready = [
+        node
+        for node in json.loads(body)["items"]
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in node.get("status", {}).get("conditions", [])
+        )
+        and not node["spec"].get("taints")
+    ]
+    return len(ready) == state.nodes
+
+
+def _serving(port: int) -> bool:
+    """Whether a component's /healthz on ``port`` answers ok (its certificate is self-signed:
+    not verified; the path is open to anonymous requests)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/healthz", timeout=2, context=context
+        ) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _start_nodes(state: State, binaries: Path, kwok_binary: Path) -> None:
+    """Start kube-scheduler and kwok, create ``state.nodes`` simulated nodes, and wait until
+    the scheduler serves and every node is Ready."""
+    import kwok
+
+    directory = Path(state.dir)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    # Flags as kube-controller-manager's; the client settings in a configuration file, where
+    # kube-scheduler's flags for them are deprecated. JSON is valid YAML.
+    scheduler_config = directory / "kube-scheduler.json"
+    scheduler_config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {
+                    "kubeconfig": state.kubeconfig,
+                    # As kube-controller-manager's: measure the scheduler, not its throttle.
+                    "qps": 1000,
+                    "burst": 1000,
+                },
+                "leaderElection": {"leaderElect": False},
+                "enableProfiling": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    _spawn(
+        state,
+        "kube-scheduler",
+        [
+            str(binaries / "kube-scheduler"),
+            f"--config={scheduler_config}",
+            f"--authentication-kubeconfig={state.kubeconfig}",
+            f"--authorization-kubeconfig={state.kubeconfig}",
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={state.ports['kube-scheduler']}",
+        ],
+    )
+    _spawn(
+        state,
+        "kwok",
+        [
+            str(kwok_binary),
+            f"--kubeconfig={state.kubeconfig}",
+            f"--config={kwok.STAGES}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            f"--cidr={POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ],
+        # kwok reads ~/.kwok/kwok.yaml too if it exists; its work directory is this plane's.
+        env={"KWOK_WORKDIR": str(directory / "kwok")},
+    )
+    for index in range(state.nodes):
+        name = f"{NODE_NAME_PREFIX}{index}"
+        code, body = api_send(state, "POST", "/api/v1/nodes", fake_node(name))
+        if code != 201:
+            raise ClusterError(f"creating node {name} failed ({code}): {body[:300]!r}")
+    _wait(
+        state,
+        "kube-scheduler /healthz",
+        lambda: _serving(state.ports["kube-scheduler"]),
+        deadline,
+    )
+    _wait(state, f"{state.nodes} simulated node(s) Ready", lambda: _nodes_ready(state), deadline)
+
+
 # --------------------------------------------------------------------------------------------
 # Down and status
 
@@ -1063,6 +1260,7 @@ def status(directory: Path) -> dict[str, object]:
         "dir": state.dir,
         "mode": state.mode,
         "version": state.version,
+        "nodes": state.nodes,
         "kubeconfig": state.kubeconfig,
         "server": state.server,
         "components": {
@@ -1078,9 +1276,9 @@ def status(directory: Path) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def running(directory: Path, mode: str) -> Iterator[State]:
+def running(directory: Path, mode: str, *, nodes: int = 0) -> Iterator[State]:
     """``up`` for the duration of a ``with`` block, ``down`` after it, whatever happens."""
-    state = up(directory, mode)
+    state = up(directory, mode, nodes=nodes)
     try:
         yield state
     finally:
@@ -1109,6 +1307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     up_cmd.add_argument(
         "--apiserver-port", type=int, default=None, help="kube-apiserver port (default: a free one)"
     )
+    up_cmd.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="simulated nodes, with kube-scheduler and kwok (default: 0, none: pods stay Pending)",
+    )
     down_cmd = commands.add_parser("down", help="stop a control plane")
     down_cmd.add_argument("--dir", required=True, type=Path)
     down_cmd.add_argument("--clean", action="store_true", help="also delete the directory")
@@ -1128,8 +1332,9 @@ def _run_command(args: argparse.Namespace) -> None:
     elif args.command == "bin-dir":
         print(bin_dir())
     elif args.command == "up":
-        state = up(args.dir, args.mode, apiserver_port=args.apiserver_port)
-        _say(f"{state.mode} mode control plane ({state.version}) ready at {state.server}")
+        state = up(args.dir, args.mode, apiserver_port=args.apiserver_port, nodes=args.nodes)
+        nodes = f", {state.nodes} simulated node(s)" if state.nodes else ""
+        _say(f"{state.mode} mode control plane ({state.version}{nodes}) ready at {state.server}")
         print(state.kubeconfig)
     elif args.command == "down":
         stopped = down(args.dir, clean=args.clean)
@@ -1139,4 +1344,7 @@ def _run_command(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    # hack/kwok.py (imported by `up --nodes`) imports this module as `cluster`: the same module,
+    # so that its ClusterError is the one main() catches.
+    sys.modules.setdefault("cluster", sys.modules[__name__])
     sys.exit(main())

@@ -34,6 +34,10 @@ import cluster
 from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_account
 
 OPERATOR_START_TIMEOUT_S = 60.0
+NODES = int(os.environ.get("TALLY_E2E_NODES", "0"))
+"""Simulated nodes for the session's control planes (``hack/cluster.py up --nodes``): none by
+default, so pods stay Pending and tests write their status; ``TALLY_E2E_NODES=2`` runs the
+suite with kube-scheduler and kwok making pods run (tests that write pod status race kwok)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,7 +55,7 @@ def _plane(mode: str, reuse_env: str) -> Iterator[ControlPlane]:
         return
     directory = Path(tempfile.mkdtemp(prefix=f"tally-e2e-{mode}-"))
     try:
-        with cluster.running(directory, mode) as state:
+        with cluster.running(directory, mode, nodes=NODES) as state:
             yield ControlPlane(
                 kubeconfig=Path(state.kubeconfig), mode=mode, bin_dir=Path(state.bin_dir)
             )
