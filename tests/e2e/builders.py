@@ -27,7 +27,13 @@ from typing import Any, Literal
 Obj = dict[str, Any]
 
 IMAGE = "registry.example/app:1"
-"""The image of the builders' containers: never pulled (the test control plane has no kubelet)."""
+"""The image of the builders' containers: never pulled (the test planes' kubelets are kwok's
+simulated ones, which pull nothing)."""
+
+NO_SCHEDULER = "tally-e2e-no-scheduler"
+"""A ``spec.schedulerName`` no scheduler serves: the pod stays Pending and unbound, so no
+kubelet (kwok) ever writes its status, and a test that plays the kubelet itself
+(``tally_e2e.set_pod_status``) does not race one."""
 
 Resources = Literal["given", "always", "both"]
 """What a container's ``resources`` holds:
@@ -160,6 +166,7 @@ def pod(
     priority_class_name: str | None = None,
     active_deadline_seconds: int | None = None,
     node_name: str | None = None,
+    scheduler_name: str | None = None,
     volumes: Sequence[Mapping[str, Any]] | None = None,
     spec: Mapping[str, Any] | None = None,
     bare: bool = False,
@@ -205,6 +212,7 @@ def pod(
         ]
     _put(pod_spec, "initContainers", None if init is None else [dict(c) for c in init])
     _put(pod_spec, "nodeName", node_name)
+    _put(pod_spec, "schedulerName", scheduler_name)
     _put(pod_spec, "priorityClassName", priority_class_name)
     _put(pod_spec, "activeDeadlineSeconds", active_deadline_seconds)
     pod_spec.update(spec or {})

@@ -31,13 +31,9 @@ from kubernetes_asyncio import client, config
 from operator_process import OperatorError, TallyProcess
 
 import cluster
-from tally_e2e import ControlPlane, RunningOperator, wait_for_default_service_account
+from tally_e2e import NODES, ControlPlane, RunningOperator, wait_for_default_service_account
 
 OPERATOR_START_TIMEOUT_S = 60.0
-NODES = int(os.environ.get("TALLY_E2E_NODES", "0"))
-"""Simulated nodes for the session's control planes (``hack/cluster.py up --nodes``): none by
-default, so pods stay Pending and tests write their status; ``TALLY_E2E_NODES=2`` runs the
-suite with kube-scheduler and kwok making pods run (tests that write pod status race kwok)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -549,6 +549,9 @@ async def create_pods(
     bodies = [b for b in varied_pods(names) if only is None or b["metadata"]["name"] in only]
     created = {body["metadata"]["name"] for body in bodies}
     for body in bodies:
+        # Their statuses are what this function writes (terminal phases, resizes), and each
+        # deletion's grace is the API server's for an unbound pod: no node runs them.
+        body["spec"].setdefault("schedulerName", builders.NO_SCHEDULER)
         if body["metadata"]["name"] == "deleted":
             body["metadata"]["finalizers"] = [HOLD_FINALIZER]
         await core.create_namespaced_pod(namespace, as_json(body))

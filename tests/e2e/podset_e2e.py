@@ -20,10 +20,10 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
+from builders import IMAGE, NO_SCHEDULER
 from tally_e2e import ControlPlane
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "podsets.tally.dev.yaml"
-IMAGE = "registry.example/app:1"
 
 
 def install_podset_crd(plane: ControlPlane) -> None:
@@ -44,9 +44,13 @@ class Workload:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
 
-    def body(self, name: str, replicas: int, *, min_ready: int = 0) -> dict[str, Any]:
+    def body(
+        self, name: str, replicas: int, *, min_ready: int = 0, played: bool = False
+    ) -> dict[str, Any]:
+        """``played``: its pods stay unbound (``NO_SCHEDULER``) and the test writes their
+        status, as a kubelet would but on cue."""
         labels = {"app": name}
-        return {
+        body = {
             "apiVersion": self.api_version,
             "kind": self.kind,
             "metadata": {"name": name},
@@ -65,6 +69,9 @@ class Workload:
                 },
             },
         }  # fmt: skip
+        if played:
+            body["spec"]["template"]["spec"]["schedulerName"] = NO_SCHEDULER
+        return body
 
     async def create(
         self, api: client.ApiClient, namespace: str, name: str, replicas: int, **kw: Any

@@ -1,8 +1,9 @@
-"""Helpers for end-to-end tests: polling, kubectl, and standing in for the missing kubelet.
+"""Helpers for end-to-end tests: polling, kubectl, and playing the kubelet where a test must.
 
-The local control plane has no scheduler and no kubelet, so pods stay Pending forever. Tests
-that need running or ready pods use ``set_pod_status`` to write what a kubelet would write
-(phase, conditions with timestamps) through the pods' status subresource.
+The test planes have kube-scheduler and simulated nodes (kwok), so pods run as a cluster's do.
+A test that needs a status no kubelet would produce on cue (a Ready condition from five minutes
+ago, a resize the node could not make) creates its pod with ``builders.NO_SCHEDULER``, so it
+stays unbound, and writes the status itself with ``set_pod_status``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +21,12 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import client
 
 T = TypeVar("T")
+
+NODES = int(os.environ.get("TALLY_E2E_NODES", "2"))
+"""Simulated nodes of the session's control planes (``hack/cluster.py up --nodes``):
+kube-scheduler binds every pod and kwok runs it as a kubelet would, so tally's pod watch sees
+the events a cluster's pods make. A test that writes a pod's status itself creates it unbound
+(``builders.NO_SCHEDULER``). ``TALLY_E2E_NODES=0``: planes without them (pods stay Pending)."""
 
 
 @dataclass(frozen=True)
@@ -125,9 +133,17 @@ async def set_pod_status(
     ``since`` is when the pod became (not) ready, the Ready condition's lastTransitionTime
     (default now); PodSet's minReadySeconds and deletion ranking read it. Returns the pod as
     the API server stored it.
+
+    Only for a pod no node runs (``builders.NO_SCHEDULER``): a bound pod's status is its
+    kubelet's, which would overwrite this one whenever it next writes.
     """
     core = client.CoreV1Api(api)
     pod = await core.read_namespaced_pod(name, namespace)
+    if pod.spec.node_name:
+        raise AssertionError(
+            f"pod {namespace}/{name} is bound to {pod.spec.node_name}, whose kubelet writes its "
+            "status: create it with schedulerName builders.NO_SCHEDULER to write it here"
+        )
     moment = since or datetime.datetime.now(datetime.UTC)
     condition = "True" if ready else "False"
     containers = pod.spec.containers

@@ -15,6 +15,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import cluster
+from builders import NO_SCHEDULER
 from tally_e2e import ControlPlane, eventually, set_pod_status
 
 QUOTA = {
@@ -24,6 +25,7 @@ QUOTA = {
 POD = {
     "metadata": {"name": "web"},
     "spec": {
+        "schedulerName": NO_SCHEDULER,  # unbound: the test writes its status
         "containers": [
             {"name": "app", "image": "registry.example/app:1",
              "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},

@@ -164,8 +164,11 @@ class Side:
         limits: Mapping[str, str] | None = None,
         *,
         hold: bool = False,
+        played: bool = False,
         **spec: Any,
     ) -> None:
+        """A pod with a finalizer when ``hold``; ``played``: the script writes its status
+        itself (:meth:`phase`), so it stays unbound and no kubelet races the script."""
         if hold:
             self.held.append(name)
         body = builders.pod(
@@ -174,6 +177,7 @@ class Side:
             limits or None,
             resources="always",
             finalizers=[HOLD_FINALIZER] if hold else None,
+            scheduler_name=builders.NO_SCHEDULER if played else None,
             spec=spec,
         )
         await self.core.create_namespaced_pod(self.namespace, body)
@@ -281,8 +285,8 @@ async def pods_compute(side: Side) -> None:
         ],
     )  # fmt: skip
     await side.pod("limits-only", limits={"cpu": "300m", "memory": "100Mi"})
-    await side.pod("succeeds", limits={"cpu": "2", "memory": "2Gi"})
-    await side.pod("fails", limits={"cpu": "3", "memory": "1Gi"})
+    await side.pod("succeeds", limits={"cpu": "2", "memory": "2Gi"}, played=True)
+    await side.pod("fails", limits={"cpu": "3", "memory": "1Gi"}, played=True)
     await side.phase("succeeds", "Succeeded")
     await side.phase("fails", "Failed")
     await side.delete_pod("big")
@@ -305,7 +309,7 @@ async def pod_scopes(side: Side) -> None:
     await side.pod("be-2")
     await side.pod("burstable", {"cpu": "100m"})
     await side.pod("guaranteed", limits={"cpu": "250m", "memory": "128Mi"})
-    await side.pod("deadline", {"cpu": "200m"}, activeDeadlineSeconds=60)
+    await side.pod("deadline", {"cpu": "200m"}, played=True, activeDeadlineSeconds=60)
     await side.pod("deadline-be", activeDeadlineSeconds=600)
     await side.delete_pod("be-2")
     await side.delete_pod("burstable")
@@ -333,7 +337,7 @@ async def scope_selector(side: Side) -> None:
     await side.pod("high", {"cpu": "100m"}, priorityClassName=high)
     await side.pod("high-2", {"cpu": "150m"}, priorityClassName=high)
     await side.pod("high-be", priorityClassName=high)
-    await side.pod("low", {"cpu": "200m"}, priorityClassName=low)
+    await side.pod("low", {"cpu": "200m"}, played=True, priorityClassName=low)
     await side.pod("none", {"cpu": "300m"})
     affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"app": "db"}},
@@ -511,9 +515,9 @@ async def deletions_and_terminal_pods(side: Side) -> None:
     await side.pod("keep", {"cpu": "100m", "memory": "10Mi"})
     await side.pod("held", {"cpu": "500m", "memory": "20Mi"}, hold=True)
     await side.pod("gone", {"cpu": "200m", "memory": "5Mi"})
-    await side.pod("failed", {"cpu": "300m", "memory": "30Mi"})
-    await side.pod("succeeded", {"cpu": "50m", "memory": "30Mi"})
-    await side.pod("running", {"cpu": "10m", "memory": "1Mi"})
+    await side.pod("failed", {"cpu": "300m", "memory": "30Mi"}, played=True)
+    await side.pod("succeeded", {"cpu": "50m", "memory": "30Mi"}, played=True)
+    await side.pod("running", {"cpu": "10m", "memory": "1Mi"}, played=True)
     await side.phase("running", "Running")
     await side.core.delete_namespaced_pod("held", side.namespace)
     await side.delete_pod("gone")

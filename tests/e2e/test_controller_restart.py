@@ -44,7 +44,7 @@ from operator_process import TallyProcess
 import builders
 import cluster
 from tally.quota.quantity import parse_quantity
-from tally_e2e import eventually, set_pod_status, wait_for_default_service_account
+from tally_e2e import NODES, eventually, set_pod_status, wait_for_default_service_account
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ sync; 60 s covers the worst case of their sum (≈ 55 s)."""
 def own_plane() -> Iterator[cluster.State]:
     directory = Path(tempfile.mkdtemp(prefix="tally-e2e-restart-"))
     try:
-        with cluster.running(directory, "operator") as state:
+        with cluster.running(directory, "operator", nodes=NODES) as state:
             yield state
     finally:
         cluster.down(directory, clean=True, quiet=True)
@@ -292,7 +292,7 @@ class Steps:
         await self.quota("terminating", ["pods"], scopes=["Terminating"])
         await settled_statuses(self.api, self.namespace)
         await self.pod("p1", "100m")
-        await self.pod("p2", "200m")
+        await self.pod("p2", "200m", schedulerName=builders.NO_SCHEDULER)  # turns Failed
         await self.pod("p3", "300m", activeDeadlineSeconds=60)
         for name in ("a", "b"):
             await self.core.create_namespaced_config_map(

@@ -31,7 +31,7 @@ from kubernetes_asyncio import client
 from podset_e2e import install_podset_crd
 
 import cluster
-from builders import IMAGE
+from builders import IMAGE, NO_SCHEDULER
 from tally_e2e import ControlPlane, eventually, set_pod_status
 
 pytest_plugins = ["clusterquota_e2e"]
@@ -82,8 +82,10 @@ def pod_body(
     name: str,
     *cpus: str | None,
     init_cpu: str | None = None,
+    played: bool = False,
 ) -> dict[str, Any]:
-    """A pod with one container per cpu request (None: no requests at all)."""
+    """A pod with one container per cpu request (None: no requests at all); ``played``: unbound,
+    its status written by the test (``set_pod_status``), not by a kubelet."""
 
     def container(index: int, cpu: str | None, prefix: str = "c") -> dict[str, Any]:
         resources = {} if cpu is None else {"requests": {"cpu": cpu}}
@@ -92,6 +94,8 @@ def pod_body(
     spec: dict[str, Any] = {"containers": [container(i, cpu) for i, cpu in enumerate(cpus)]}
     if init_cpu is not None:
         spec["initContainers"] = [container(0, init_cpu, "init")]
+    if played:
+        spec["schedulerName"] = NO_SCHEDULER
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -232,7 +236,7 @@ async def test_top_orders_by_the_evaluators_figures(
         pod_body("big", "150m", "250m"),
         pod_body("init", "100m", init_cpu="300m"),
         pod_body("small", "50m"),
-        pod_body("done", "500m"),
+        pod_body("done", "500m", played=True),
         pod_body("idle", None),
     ):
         await team.core.create_namespaced_pod(namespace, body)

@@ -1,7 +1,8 @@
 """manifests/: what ``kubectl apply -k manifests/`` installs, and the RBAC proof.
 
-* The server-side dry run and the apply on the operator-mode control plane (no kubelet: the
-  Deployment's two pods are created and stay Pending, which is all this plane can show).
+* The server-side dry run and the apply on the operator-mode control plane: the Deployment's
+  two pods are created, scheduled and Running on the plane's simulated nodes (kwok plays their
+  kubelet; nothing runs the image, so they are not what the RBAC proof below runs).
 * The RBAC proof: tally runs out of cluster with a token of the manifests' ServiceAccount
   (TokenRequest API, ``kubectl create token``) and nothing else, and passes the smoke scenarios:
   it starts, keeps its certificate in the Secret the manifests' Role grants
@@ -215,8 +216,8 @@ async def test_apply_creates_everything(
             args += ["-n", namespace]
         assert control_plane.kubectl(*args, check=False).returncode == 0, obj["kind"]
 
-    # The Deployment makes its two pods (admitted by Pod Security "restricted"); no kubelet
-    # runs them.
+    # The Deployment makes its two pods (admitted by Pod Security "restricted"), which the
+    # scheduler binds and the simulated kubelet runs.
     core = client.CoreV1Api(api)
 
     async def pods() -> list[Any]:
@@ -225,9 +226,13 @@ async def test_apply_creates_everything(
         )
         return list(listed.items)
 
-    found = await eventually(pods, until=lambda found: len(found) == 2, what="tally's pods")
+    found = await eventually(
+        pods,
+        until=lambda found: len(found) == 2 and all(p.status.phase == "Running" for p in found),
+        what="tally's pods Running",
+    )
     for pod in found:
-        assert pod.status.phase == "Pending"
+        assert pod.spec.node_name.startswith(cluster.NODE_NAME_PREFIX)
         assert pod.spec.service_account_name == SERVICE_ACCOUNT
         (container,) = pod.spec.containers
         assert container.security_context.read_only_root_filesystem is True

@@ -33,13 +33,20 @@ def podset_crd(control_plane: ControlPlane) -> None:
 
 
 def podset(
-    name: str, replicas: int, *, min_ready: int = 0, app: str | None = None
+    name: str,
+    replicas: int,
+    *,
+    min_ready: int = 0,
+    app: str | None = None,
+    played: bool = False,
 ) -> dict[str, Any]:
+    """``played``: its pods stay unbound and the test writes their status (``set_pod_status``)."""
     return builders.podset(
         name,
         replicas,
         selector={"app": app or name},
         containers=[builders.container("app", {"cpu": "100m"})],
+        template_spec={"schedulerName": builders.NO_SCHEDULER} if played else None,
         spec={"minReadySeconds": min_ready},
     )
 
@@ -152,7 +159,7 @@ async def test_scales_up_and_down_and_replaces_deleted_pods(
 async def test_ready_and_available_follow_pod_status(
     podset_crd: None, operator: RunningOperator, api: client.ApiClient, namespace: str
 ) -> None:
-    await create(api, namespace, podset("ready", 3, min_ready=3))
+    await create(api, namespace, podset("ready", 3, min_ready=3, played=True))
     pods = await wait_pods(api, namespace, "ready", 3)
     long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
     await set_pod_status(api, namespace, pods[0]["metadata"]["name"], since=long_ago)
@@ -193,7 +200,7 @@ async def test_adopts_matching_orphans_and_releases_relabelled_pods(
 async def test_scale_down_deletes_the_least_valuable_pods_first(
     podset_crd: None, operator: RunningOperator, api: client.ApiClient, namespace: str
 ) -> None:
-    await create(api, namespace, podset("rank", 4))
+    await create(api, namespace, podset("rank", 4, played=True))
     pods = await wait_pods(api, namespace, "rank", 4)
     names = [p["metadata"]["name"] for p in pods]
     core = client.CoreV1Api(api)

@@ -207,7 +207,7 @@ async def scale_script(side: Side) -> None:
 
 
 async def ready_script(side: Side) -> None:
-    await side.create("ready", 3, min_ready=MIN_READY_S)
+    await side.create("ready", 3, min_ready=MIN_READY_S, played=True)
     await side.checkpoint("3 pending", "ready", counts(3, readyReplicas=0))
     names = await side.pod_names("ready")
     long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from builders import pod
+from builders import NO_SCHEDULER, pod
 from tally_e2e import ControlPlane, RunningOperator, eventually, set_pod_status
 
 # "within 1 s" in issue 4; the poll interval and the API round trip fit inside it.
@@ -63,7 +63,13 @@ async def test_new_quota_gets_status_promptly_and_deletes_lower_usage(
         namespace, _pod("p1", {"cpu": "250m", "memory": "64Mi"}, {"cpu": "250m", "memory": "64Mi"})
     )
     await core.create_namespaced_pod(
-        namespace, _pod("p2", {"cpu": "500m", "memory": "64Mi"}, {"cpu": "500m", "memory": "64Mi"})
+        namespace,
+        _pod(
+            "p2",
+            {"cpu": "500m", "memory": "64Mi"},
+            {"cpu": "500m", "memory": "64Mi"},
+            scheduler_name=NO_SCHEDULER,  # the test makes it succeed
+        ),
     )
     await core.create_namespaced_resource_quota(
         namespace,

@@ -2,8 +2,8 @@
 simulated nodes, on which pods are scheduled, run, complete and go away as a kubelet would make
 them (``hack/kwok/stages.yaml``).
 
-One control plane of its own for the module (the session's has no nodes, and its tests write
-pod status themselves): operator mode, two nodes, no tally.
+One control plane of its own for the module (it stops its processes at the end, which the
+session's planes must not): operator mode, two nodes, no tally.
 """
 
 from __future__ import annotations
