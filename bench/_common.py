@@ -45,11 +45,13 @@ test of the API server's overload behaviour."""
 
 
 @contextlib.contextmanager
-def control_plane(mode: str) -> Iterator[cluster.State]:
-    """A control plane in ``mode`` in a fresh temporary directory, stopped and removed after."""
+def control_plane(mode: str, *, nodes: int = cluster.DEFAULT_NODES) -> Iterator[cluster.State]:
+    """A control plane in ``mode`` in a fresh temporary directory, stopped and removed after;
+    with ``nodes`` simulated nodes, so the pods a benchmark creates are scheduled and run and
+    every figure includes the pod events a cluster's kubelets make."""
     directory = Path(tempfile.mkdtemp(prefix=f"tally-bench-{mode}-"))
     try:
-        with cluster.running(directory, mode) as state:
+        with cluster.running(directory, mode, nodes=nodes) as state:
             yield state
     finally:
         cluster.down(directory, clean=True, quiet=True)

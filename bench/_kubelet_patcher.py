@@ -1,11 +1,11 @@
 """The kubelets of ``bench/churn.py``: a process of its own that patches pod status (the status
 subresource) as kubelets report the pods they run, at a target rate, in an open loop.
 
-The local control planes have no nodes and no kubelet, so every pod stays Pending and sees one
-watch event in its life. Here each update is a JSON merge patch of ``pods/<name>/status``:
-phase ``Running``, the Ready and ContainersReady conditions toggled (with a new
-``lastTransitionTime``), the container's ``ready`` toggled and its ``restartCount`` bumped each
-time it goes unready (a crash and a restart). Every update changes the pod (the API server
+The pods it plays are unbound (``builders.NO_SCHEDULER``): no simulated kubelet writes their
+status, so each of its updates is the only writer's. Each update is a JSON merge patch of
+``pods/<name>/status``: phase ``Running``, the Ready and ContainersReady conditions toggled
+(with a new ``lastTransitionTime``), the container's ``ready`` toggled and its ``restartCount``
+bumped each time it goes unready (a crash and a restart). Every update changes the pod (the API server
 writes it and every pod watch sees one MODIFIED event) and changes nothing any quota counts: a
 Running pod is charged as a Pending one.
 

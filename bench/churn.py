@@ -1,9 +1,12 @@
 """Benchmark: pod creates and quota replenishment under pod status churn, tally against upstream.
 
-Issue 28's item 3, in patcher mode: the planes have no nodes, so a process of its own plays the
-kubelets (``bench/_kubelet_patcher.py``) and patches pod status (phase Running, Ready toggling,
-restart counts bumped: every update is a pod MODIFIED event that changes nothing any quota
-counts). kwok nodes come later.
+Issue 28's item 3, in patcher mode: a process of its own plays the kubelets of the churned pods
+(``bench/_kubelet_patcher.py``) and patches their status at a set rate (phase Running, Ready
+toggling, restart counts bumped: every update is a pod MODIFIED event that changes nothing any
+quota counts). Those pods are unbound (``NO_SCHEDULER``), so the patcher is their only kubelet;
+the planes have kube-scheduler and simulated nodes (``cluster.DEFAULT_NODES``, kwok), which bind
+and run every other pod: each create is followed by its binding and kwok's status writes, and a
+replenishment pod's deletion is confirmed by kwok as a kubelet confirms it.
 
 Starts two local control planes side by side with ``hack/cluster.py`` (temporary directories):
 reference mode (upstream's quota: kube-controller-manager's resourcequota controller and the API
@@ -100,6 +103,7 @@ from _common import (
     write_results,
 )
 from _open_loop import open_loop, poisson_offsets
+from builders import IMAGE, NO_SCHEDULER  # tests/e2e/builders.py, put on sys.path by _common
 from tally.kube.rest import read_environment_once
 from tally.quota.quantity import parse_quantity
 
@@ -107,7 +111,6 @@ BENCH = REPO / "bench"
 QUOTA = "q"
 NAMESPACE_PREFIX = "churn"
 REPLENISH_NAMESPACE = "churn-replenish"
-IMAGE = "registry.example/app:1"
 CPU_REQUEST_M = 10
 WAIT_S = 120.0
 OPEN_POOL = 32
@@ -573,19 +576,21 @@ class Patcher:
             await self.process.wait()
 
 
-def pod_body(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {"app": "churn"}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "app",
-                    "image": IMAGE,
-                    "resources": {"requests": {"cpu": f"{CPU_REQUEST_M}m"}},
-                }
-            ]
-        },
+def pod_body(name: str, *, played: bool = False) -> dict[str, Any]:
+    """A pod of the workload; ``played``: left unbound (``NO_SCHEDULER``), its status the
+    patcher's to write, so that no simulated kubelet writes it too."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "app",
+                "image": IMAGE,
+                "resources": {"requests": {"cpu": f"{CPU_REQUEST_M}m"}},
+            }
+        ]
     }
+    if played:
+        spec["schedulerName"] = NO_SCHEDULER
+    return {"metadata": {"name": name, "labels": {"app": "churn"}}, "spec": spec}
 
 
 class Side:
@@ -639,7 +644,8 @@ class Side:
         initial = {**self.plan.initial_pods(), REPLENISH_NAMESPACE: replenish}
         jobs = [
             (lambda name=name, index=index: self.raw.create(
-                f"/api/v1/namespaces/{name}/pods", pod_body(f"p{index:05d}")))
+                f"/api/v1/namespaces/{name}/pods",
+                pod_body(f"p{index:05d}", played=name != REPLENISH_NAMESPACE)))
             for name, count in initial.items()
             for index in range(count)
         ]  # fmt: skip

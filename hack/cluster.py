@@ -22,7 +22,7 @@ require one (mutual TLS). Several run side by side. ``down``
 stops exactly the processes recorded there, and only after checking that each pid still runs
 the binary it was started from (a recycled pid is left alone).
 
-Simulated nodes, on request (``up --nodes N``, default none): kube-scheduler, built from the
+Simulated nodes (``up --nodes N``, default ``DEFAULT_NODES``): kube-scheduler, built from the
 same pinned module, and kwok (``hack/kwok.py``: a simulated kubelet built from its own pinned
 module) with N fake Nodes, on which pods are scheduled, become Running and Ready, complete
 (restartPolicy Never, Jobs) and are deleted as a kubelet would do it (``hack/kwok/stages.yaml``).
@@ -72,6 +72,9 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 # annotation, which kwok selects on (a Node a test creates for itself is left alone). No taints:
 # every pod may land on them. Their capacity is kwok's default (cpu 1k, memory 1Ti, pods 1M),
 # so nothing is ever unschedulable for lack of room.
+DEFAULT_NODES = 2
+"""Simulated nodes of the planes the project starts (``up``'s CLI, ``make run``, the e2e suite,
+the benchmarks): pods run as a cluster's do. The library's ``up`` starts none unless told."""
 NODE_NAME_PREFIX = "kwok-node-"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Pod IPs kwok hands out: outside SERVICE_CLUSTER_IP_RANGE.
@@ -1310,8 +1313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up_cmd.add_argument(
         "--nodes",
         type=int,
-        default=0,
-        help="simulated nodes, with kube-scheduler and kwok (default: 0, none: pods stay Pending)",
+        default=DEFAULT_NODES,
+        help="simulated nodes, with kube-scheduler and kwok "
+        f"(default: {DEFAULT_NODES}; 0: none, pods stay Pending)",
     )
     down_cmd = commands.add_parser("down", help="stop a control plane")
     down_cmd.add_argument("--dir", required=True, type=Path)

@@ -38,7 +38,7 @@ def main() -> int:
             if state is not None and cluster.running_components(state) == state.pids:
                 print(f"[run] reusing the control plane already running in {RUN_DIR}", flush=True)
             else:
-                state = cluster.up(RUN_DIR, "operator")
+                state = cluster.up(RUN_DIR, "operator", nodes=cluster.DEFAULT_NODES)
                 started_here = True
             kubeconfig = state.kubeconfig
             # The webhook requires the API server's client certificate, as in a cluster set up

@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio import client
 
+import cluster
+
 T = TypeVar("T")
 
-NODES = int(os.environ.get("TALLY_E2E_NODES", "2"))
+NODES = int(os.environ.get("TALLY_E2E_NODES", str(cluster.DEFAULT_NODES)))
 """Simulated nodes of the session's control planes (``hack/cluster.py up --nodes``):
 kube-scheduler binds every pod and kwok runs it as a kubelet would, so tally's pod watch sees
 the events a cluster's pods make. A test that writes a pod's status itself creates it unbound
