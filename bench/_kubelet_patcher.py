@@ -5,9 +5,9 @@ The pods it plays are unbound (``builders.NO_SCHEDULER``): no simulated kubelet 
 status, so each of its updates is the only writer's. Each update is a JSON merge patch of
 ``pods/<name>/status``: phase ``Running``, the Ready and ContainersReady conditions toggled
 (with a new ``lastTransitionTime``), the container's ``ready`` toggled and its ``restartCount``
-bumped each time it goes unready (a crash and a restart). Every update changes the pod (the API server
-writes it and every pod watch sees one MODIFIED event) and changes nothing any quota counts: a
-Running pod is charged as a Pending one.
+bumped each time it goes unready (a crash and a restart). Every update changes the pod (the
+API server writes it and every pod watch sees one MODIFIED event) and changes nothing any quota
+counts: a Running pod is charged as a Pending one.
 
 Open loop: update ``i`` is due at ``i / rate`` seconds after the start, whatever the answers do,
 and ``--clients`` concurrent clients (one request in flight each) take the updates in turn. A

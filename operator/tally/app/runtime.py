@@ -44,7 +44,7 @@ from tally.app.quota_system import QuotaSystem
 from tally.app.serving import WebhookServing
 from tally.app.settings import Settings
 from tally.clusterquota.controller import namespace_labels
-from tally.evaluators.base import GroupResource
+from tally.evaluators.base import GroupResource, Reprojecting
 from tally.evaluators.podsets import PodSetEvaluator
 from tally.evaluators.registry import Registry, new_registry
 from tally.kube import rest
@@ -143,7 +143,11 @@ class Runtime:
         self.caches.add(NAMESPACES, namespace_labels)
         for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS):
             evaluator = self.registry.get(gr) if gr not in (RESOURCE_QUOTAS, PODSETS) else None
-            self.caches.add(gr, evaluator.project if evaluator is not None else _keep_whole)
+            self.caches.add(
+                gr,
+                evaluator.project if evaluator is not None else _keep_whole,
+                evaluator.reproject if isinstance(evaluator, Reprojecting) else None,
+            )
         # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle).
         self.pod_views = self.caches.add_view(PODS, "pods(podset)", pod_view)
         self.serving = WebhookServing(settings, api, self.metrics)

@@ -257,6 +257,18 @@ def quota_hard_names(quota: Obj, section: str = "status") -> list[str]:
 
 
 @runtime_checkable
+class Reprojecting(Protocol):
+    """An evaluator that can tell, cheaply, that an update of an object projects to what its
+    previous version did (the pod evaluator: a kubelet's status write changes nothing quota
+    reads); the cache then keeps the previous projection instead of computing it again."""
+
+    def reproject(self, previous: Any, obj: Obj) -> Any:
+        """The projection of ``obj``, an update of the object ``previous`` was projected
+        from: ``previous`` itself when nothing it holds can have changed."""
+        ...
+
+
+@runtime_checkable
 class Evaluator(Protocol):
     """Knows how to evaluate quota usage for one group/resource (upstream ``quota.Evaluator``).
 
@@ -433,7 +445,9 @@ def scoped_usage_stats(
 
 def _field(obj: object, key: str, field: str | None) -> Any:
     """``obj[key]``, or an :class:`ObjectError` naming the parent when ``obj`` is no object."""
-    if not isinstance(obj, Mapping):
+    # Decoded JSON is plain dicts: their exact type is checked first, at a fraction of an
+    # ABC's isinstance (the pod watch runs these for every event).
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         path = (field or key).rpartition(".")[0] or "object"
         raise ObjectError(path, f"expected an object, got {type(obj).__name__}")
     return obj.get(key)
@@ -444,7 +458,7 @@ def get_mapping(obj: Obj, key: str, field: str | None = None) -> Mapping[str, An
     value = _field(obj, key, field)
     if value is None:
         return _EMPTY
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ObjectError(field or key, f"expected an object, got {type(value).__name__}")
     return value
 

@@ -73,10 +73,16 @@ class KubeInformers:
         self.informers: dict[GroupResource, Informer[Any]] = {}
         self._views: dict[GroupResource, list[Informer[Any]]] = {}
 
-    def add(self, gr: GroupResource, projection: Projection) -> Informer[Any]:
-        """The informer of ``gr``, whose store keeps ``projection`` of each object."""
+    def add(
+        self,
+        gr: GroupResource,
+        projection: Projection,
+        reproject: Callable[[Any, Any], Any] | None = None,
+    ) -> Informer[Any]:
+        """The informer of ``gr``, whose store keeps ``projection`` of each object
+        (``reproject``: of an update, from the previous projection; see ``Store``)."""
         informer: Informer[Any] = Informer(
-            str(gr), Store(projection, name=str(gr)), self._lister(gr)
+            str(gr), Store(projection, reproject=reproject, name=str(gr)), self._lister(gr)
         )
         informer.on_gap = self.relist_all
         self.informers[gr] = informer

@@ -112,11 +112,16 @@ class Store(Generic[P]):
         self,
         project: Callable[[Obj], P],
         *,
+        reproject: Callable[[P, Obj], P] | None = None,
         name: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``reproject(previous, obj)``: the projection of an update of the object whose
+        previous projection is given, where that can be had cheaper than ``project(obj)``
+        (the previous one itself, when nothing it holds changed)."""
         self.name = name
         self._project = project
+        self._reproject = reproject
         self._clock = clock
         # namespace -> name -> entry. Empty namespaces are removed, so iterating namespaces
         # never visits one with nothing in it.
@@ -177,7 +182,10 @@ class Store(Generic[P]):
             self._entries[namespace][name] = Entry(uid, version, old.projection, now)
             return None
         # Project first: an object the evaluator rejects changes nothing.
-        projection = self._project(obj)
+        if old is not None and old.uid == uid and self._reproject is not None:
+            projection = self._reproject(old.projection, obj)
+        else:
+            projection = self._project(obj)
         self._deleted.pop((namespace, name), None)
         self._entries.setdefault(namespace, {})[name] = Entry(uid, version, projection, now)
         if old is None:

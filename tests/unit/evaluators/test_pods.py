@@ -1138,3 +1138,113 @@ def test_missing_fields_are_defaults() -> None:
     assert_usage(evaluator().usage({}), {"pods": "1", "count/pods": "1"})
     assert projection.best_effort
     assert not projection.terminating
+
+
+# -- reprojection: a kubelet's status write reuses the previous projection --
+
+RUNNING = {"phase": "Running", "qosClass": "Burstable"}
+
+
+def _running(
+    generation: int | None = 1,
+    *,
+    cpu: str = "100m",
+    ready: bool = True,
+    restarts: int = 0,
+    status: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A pod ``generation`` (as the API server keeps it) with what a kubelet reports: Ready
+    toggling and restart counts, which no quota reads."""
+    reported = {
+        **RUNNING,
+        "conditions": [{"type": "Ready", "status": str(ready)}],
+        "containerStatuses": [{"name": "a", "ready": ready, "restartCount": restarts}],
+        **(status or {}),
+    }
+    extra = {**({"generation": generation} if generation is not None else {}), **(metadata or {})}
+    return pod(containers=[container("a", {"cpu": cpu})], status=reported, metadata=extra)
+
+
+def test_a_status_write_that_changes_nothing_quota_reads_keeps_the_projection() -> None:
+    first = project_pod(_running())
+    later = PodEvaluator().reproject(first, _running(ready=False, restarts=3))
+    assert later is first
+
+
+@pytest.mark.parametrize(
+    ("update", "changed"),
+    [
+        # The API server bumps the generation with the spec (a resize included).
+        pytest.param(_running(2, cpu="300m"), {"requests.cpu": "300m"}, id="spec-generation"),
+        pytest.param(_running(status={"phase": "Succeeded"}), {"pods": None}, id="phase-terminal"),
+        pytest.param(
+            _running(
+                status={
+                    "containerStatuses": [
+                        {
+                            "name": "a",
+                            "restartCount": 0,
+                            "allocatedResources": {"cpu": "500m"},
+                            "resources": {"requests": {"cpu": "500m"}},
+                        }
+                    ]
+                }
+            ),
+            {"requests.cpu": "500m"},
+            id="status-resources",
+        ),
+    ],
+)
+def test_an_update_quota_reads_is_projected_again(
+    update: dict[str, Any], changed: dict[str, str | None]
+) -> None:
+    first = project_pod(_running())
+    later = PodEvaluator(clock=lambda: NOW).reproject(first, update)
+    assert later is not first
+    usage = usage_strings(evaluator().usage(later))
+    for name, value in changed.items():
+        assert usage.get(name) == value, usage
+
+
+def test_a_deletion_is_projected_again() -> None:
+    first = project_pod(_running())
+    deleted = _running(
+        metadata={"deletionTimestamp": "2023-11-14T22:13:20Z", "deletionGracePeriodSeconds": 30}
+    )
+    later = PodEvaluator().reproject(first, deleted)
+    # 2023-11-14T22:13:20Z is NOW (1 700 000 000 s); upstream counts the pod until then + 30 s.
+    assert later.deletion_deadline == NOW + 30
+    assert first.deletion_deadline is None
+
+
+def test_a_resize_marked_infeasible_is_projected_again() -> None:
+    allocated = {
+        "containerStatuses": [
+            {"name": "a", "restartCount": 0, "allocatedResources": {"cpu": "100m"}}
+        ]
+    }
+    first = project_pod(_running(status=allocated))
+    pending = {**allocated, "conditions": [{"type": "PodResizePending", "reason": "Infeasible"}]}
+    assert PodEvaluator().reproject(first, _running(status=pending)) is not first
+
+
+def test_without_a_generation_every_update_is_projected_in_full() -> None:
+    first = project_pod(_running(None))
+    later = PodEvaluator().reproject(first, _running(None, ready=False))
+    assert later is not first
+    assert later == first  # the same facts, computed again
+
+
+def test_a_malformed_update_is_refused_as_a_full_projection_refuses_it() -> None:
+    first = project_pod(_running())
+    broken = _running(status={"containerStatuses": "all fine"})
+    with pytest.raises(ObjectError) as info:
+        PodEvaluator().reproject(first, broken)
+    assert info.value.field == "status.containerStatuses"
+
+
+def test_pods_of_one_workload_in_one_state_share_one_source() -> None:
+    a, b = project_pod(_running()), project_pod(_running())
+    assert a.source is not None
+    assert a.source is b.source

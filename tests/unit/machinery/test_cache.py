@@ -59,6 +59,30 @@ def test_upsert_reports_changes_and_drops_replays(store: Store[str]) -> None:
     assert len(store) == 1
 
 
+def test_an_update_of_the_same_object_is_reprojected_from_its_previous_projection(
+    clock: FakeClock,
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def reproject(previous: str, o: Any) -> str:
+        seen.append((previous, o["metadata"]["resourceVersion"]))
+        return previous  # nothing this projection holds changed
+
+    store: Store[str] = Store(project, reproject=reproject, clock=clock)
+    store.upsert(obj("p", "1"))
+    # The update is still a change (handlers see every version), holding the same projection.
+    assert store.upsert(obj("p", "2")) == Change("a", "p", "p@1", "p@1", ChangeKind.UPDATED)
+    assert seen == [("p@1", "2")]
+    entry = store.entry("a", "p")
+    assert entry is not None
+    assert entry.resource_version == "2"
+    # A re-created object (another uid) is projected from scratch.
+    assert store.upsert(obj("p", "3", uid="other")) == Change(
+        "a", "p", "p@1", "p@3", ChangeKind.UPDATED
+    )
+    assert seen == [("p@1", "2")]
+
+
 def test_delete_and_namespaces(store: Store[str]) -> None:
     store.upsert(obj("p", "1"))
     store.upsert(obj("q", "1", ns="b"))
