@@ -34,6 +34,7 @@ def test_the_stages_cover_a_node_and_a_pod_lifecycle() -> None:
         "pod-complete",
         "pod-complete-never",
         "pod-delete",
+        "pod-fail",
         "pod-ready",
     ]
     kinds = {name: stage["spec"]["resourceRef"]["kind"] for name, stage in stages.items()}
@@ -49,8 +50,27 @@ def test_pod_complete_never_completes_running_restart_policy_never_pods() -> Non
         ".metadata.deletionTimestamp": ("DoesNotExist", []),
         ".status.phase": ("In", ["Running"]),
         ".spec.restartPolicy": ("In", ["Never"]),
+        # A pod annotated to fail fails instead (pod-fail), never both at random.
+        f'.metadata.annotations["{FAIL}"]': ("DoesNotExist", []),
     }
     assert "phase: Succeeded" in stage["spec"]["next"]["statusTemplate"]
+
+
+FAIL = "pod-fail.stage.kwok.x-k8s.io/reason"
+
+
+def test_pod_fail_fails_a_running_pod_annotated_so_whatever_its_restart_policy() -> None:
+    stages = _stages()
+    assert _selector(stages["pod-fail"]) == {
+        f'.metadata.annotations["{FAIL}"]': ("Exists", []),
+        ".metadata.deletionTimestamp": ("DoesNotExist", []),
+        ".status.phase": ("In", ["Running"]),
+    }
+    assert "phase: Failed" in stages["pod-fail"]["spec"]["next"]["statusTemplate"]
+    assert _selector(stages["pod-complete"])[f'.metadata.annotations["{FAIL}"]'] == (
+        "DoesNotExist",
+        [],
+    )
 
 
 def test_pod_delete_deletes_what_has_a_deletion_timestamp() -> None:
