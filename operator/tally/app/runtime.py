@@ -26,7 +26,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
-from tally.app.heap import heap_trimmer
+from tally.app.heap import freeze_long_lived, heap_trimmer
 from tally.app.kinds import (
     CLUSTER_QUOTAS,
     CLUSTER_SCOPED,
@@ -228,6 +228,9 @@ class Runtime:
             # binds the metrics port again.
             await self._stop_metrics()
             raise
+        # What start-up built lives as long as the process: out of the collector's walks.
+        frozen = freeze_long_lived()
+        logger.debug("%d objects kept out of the cyclic collector's walks", frozen)
         self.quota.start()
         if self.heap_trimmer is not None:
             self.heap_trimmer.start()
