@@ -38,7 +38,7 @@ What it proves:
   them charges the failed pod to ``count/pods`` only.
 
 Timing: kwok moves pods within a second; every wait is bounded (``KWOK_WITHIN_S`` for kwok,
-``FILL_WITHIN_S`` for a quota's anchors, the PodSet module's ``ANCHOR_WITHIN_S`` for a
+``FILL_WITHIN_S`` for a quota's anchors, ``podset_differential.ANCHOR_WITHIN_S`` for a
 workload's); the file takes about 80 s, the planes' start included.
 """
 
@@ -55,8 +55,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
+from podset_differential import Side as WorkloadSide
+from podset_differential import counts
 from podset_e2e import PODSET, REPLICASET, Workload, install_podset_crd, list_pods
-from test_controller_differential import (
+from quota_differential import (
     FILL_WITHIN_S,
     PriorityNames,
     Scenario,
@@ -64,9 +66,7 @@ from test_controller_differential import (
     compare,
     settled,
 )
-from test_controller_differential import Side as QuotaSide
-from test_podset_differential import Side as WorkloadSide
-from test_podset_differential import counts
+from quota_differential import Side as QuotaSide
 
 import builders
 from tally.quota.quantity import parse_quantity
@@ -105,7 +105,7 @@ def _scenario(label: str, anchors: Anchors | None = None) -> Scenario:
 
 @dataclass
 class Side(QuotaSide):
-    """A quota side (``test_controller_differential.Side``) whose pods kwok runs. It records
+    """A quota side (``quota_differential.Side``) whose pods kwok runs. It records
     the quotas seen at each checkpoint, the anchors they missed (``problems``), the checkpoints
     that could not be checked and why (``inconclusive``), and the pods kwok holds that the
     clean-up must remove at once (``forced``)."""
