@@ -22,7 +22,7 @@ The package is part of the controllers-and-admission layer and imports none of `
 This module only re-exports the names the rest of tally uses.
 """
 
-from tally.admission.accessor import Conflict, QuotaAccessor
+from tally.admission.accessor import Conflict, NotFound, QuotaAccessor
 from tally.admission.attributes import Attributes
 from tally.admission.checks import check_request
 from tally.admission.config import (
@@ -46,6 +46,7 @@ __all__ = [
     "Configuration",
     "ConfigurationError",
     "Conflict",
+    "NotFound",
     "CountingAdmissionMetrics",
     "LimitedResource",
     "NoopAdmissionMetrics",

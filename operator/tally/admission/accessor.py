@@ -17,7 +17,8 @@ an in-memory fake:
   against its informer, which often has not seen the write that won yet, so its retries tend
   to lose again; with several webhook replicas charging one quota that ends in 409s.
 
-:class:`Conflict` is re-exported from the controller, which raises it for the same 409.
+:class:`Conflict` and :class:`NotFound` are re-exported from the controller, which raises
+them for the same 409 and 404.
 
 Left out: any client code; this module imports no Kubernetes client.
 """
@@ -27,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, NotFound
 from tally.quota.resources import ResourceList
 
-__all__ = ["Conflict", "QuotaAccessor"]
+__all__ = ["Conflict", "NotFound", "QuotaAccessor"]
 
 Quota = Mapping[str, Any]
 
@@ -62,7 +63,8 @@ class QuotaAccessor(Protocol):
         view's ``status.used`` was judged without (charges written for requests refused
         afterwards).
 
-        Raises :class:`Conflict` on 409 (the quota changed since it was read). Any other
+        Raises :class:`Conflict` on 409 (the quota changed since it was read), and
+        :class:`NotFound` on 404 (it was deleted since it was read). Any other
         exception is a failed write too; an ``AdmissionDenied`` raised here is passed to the
         requests unchanged, anything else becomes a 500.
         """

@@ -95,6 +95,7 @@ from tally.quota.identity import (
     is_cluster_quota,
     quota_identity,
     quota_key,
+    quota_uid,
 )
 from tally.workqueue import ItemExponentialFailureRateLimiter, RateLimitingQueue, WorkerPool
 
@@ -572,7 +573,12 @@ class QuotaEvaluator:
         except Exception as error:
             logger.warning("quota admission: re-reading quotas of %s failed: %s", lane, error)
             return None
-        return [quota for quota in fresh if quota_identity(quota) in result.failed], applies
+        return [
+            quota
+            for quota in fresh
+            if quota_identity(quota) in result.failed
+            and (quota_identity(quota), quota_uid(quota)) not in result.gone
+        ], applies
 
     def _deliver_refusals(self, lane: str, waiters: Sequence[Waiter], state: _Pass) -> None:
         """Resolve the pass's refusals, or, where the pass gave back a charge (a request whose

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from tally.admission.accessor import Conflict, QuotaAccessor
+from tally.admission.accessor import Conflict, NotFound, QuotaAccessor
 from tally.admission.attributes import resource_version
 from tally.admission.checks import Quota
 from tally.admission.errors import CONFLICT, AdmissionDenied, unknown_error
@@ -25,7 +25,13 @@ from tally.admission.metrics import AdmissionMetrics
 from tally.admission.overcharges import Overcharges
 from tally.admission.waiters import Waiter
 from tally.quota import resources
-from tally.quota.identity import QuotaIdentity, is_cluster_quota, quota_identity, quota_name
+from tally.quota.identity import (
+    QuotaIdentity,
+    is_cluster_quota,
+    quota_identity,
+    quota_name,
+    quota_uid,
+)
 from tally.quota.quantity import Quantity
 
 __all__ = ["CONFLICT_BACKOFF_MAX_S", "CONFLICT_BACKOFF_S", "QuotaWriter", "WriteResult"]
@@ -59,6 +65,10 @@ class WriteResult:
     """Those among :attr:`failed` whose write lost its compare-and-swap (409)."""
     error: AdmissionDenied | None
     """The last failure (None: every write landed)."""
+    gone: frozenset[tuple[QuotaIdentity, str]] = frozenset()
+    """Those among :attr:`failed` that were deleted since they were read (404), with the uid
+    of the copy written: a retry skips them, though the cache may still hold them (a quota
+    re-created under the same name is another uid, and judged)."""
 
 
 class QuotaWriter:
@@ -79,6 +89,7 @@ class QuotaWriter:
         stored: dict[QuotaIdentity, str] = {}
         failed: set[QuotaIdentity] = set()
         lost: set[QuotaIdentity] = set()
+        gone: set[tuple[QuotaIdentity, str]] = set()
         error: AdmissionDenied | None = None
         for quota, outcome in zip(changed, results, strict=True):
             identity = quota_identity(quota)
@@ -90,6 +101,9 @@ class QuotaWriter:
                 self._metrics.write_conflicted()
                 lost.add(identity)
                 error = AdmissionDenied(CONFLICT, conflict_message(name, _resource_of(quota)))
+            elif isinstance(outcome, NotFound):
+                gone.add((identity, quota_uid(quota)))
+                error = unknown_error(str(outcome))
             elif isinstance(outcome, AdmissionDenied):
                 error = outcome
             elif isinstance(outcome, Exception):
@@ -98,7 +112,7 @@ class QuotaWriter:
             else:
                 raise outcome  # CancelledError and friends
             failed.add(identity)
-        return WriteResult(stored, frozenset(failed), frozenset(lost), error)
+        return WriteResult(stored, frozenset(failed), frozenset(lost), error, frozenset(gone))
 
     async def refresh(self, quotas: Sequence[Quota], attempt: int) -> None:
         """Before retry ``attempt`` (1, 2, …): pause at random, then fetch ``quotas``, whose

@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, NotFound
 from tally.quota.identity import QuotaKey, cluster_quota_key
 
 Obj = Mapping[str, Any]
@@ -79,6 +79,8 @@ class KubeClusterQuotaWriter:
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"clusterquotas/{name}: {error.reason}") from error
+            if error.status == 404:
+                raise NotFound(f"clusterquotas/{name}: {error.reason}") from error
             raise
         finally:
             if self.tracker is not None:
@@ -97,6 +99,5 @@ class KubeClusterQuotaWriter:
         """The usage controller's write; a ClusterQuota deleted meanwhile is done."""
         try:
             await self.put_status({**cq, "status": dict(status)}, self._controller_api)
-        except client.ApiException as error:
-            if error.status != 404:
-                raise
+        except NotFound:
+            return

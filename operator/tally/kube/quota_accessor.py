@@ -21,7 +21,7 @@ from tally.charges import ChargeLedger
 from tally.charges.own_writes import OwnWrites
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites, Store
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, NotFound
 from tally.quota.identity import is_cluster_quota, quota_key
 from tally.quota.quantity import Quantity
 
@@ -128,6 +128,8 @@ class KubeQuotaAccessor:
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{namespace}/{name}: {error.reason}") from error
+            if error.status == 404:
+                raise NotFound(f"{namespace}/{name}: {error.reason}") from error
             raise
         finally:
             self.writes.wrote(key, stored)
@@ -164,6 +166,5 @@ class KubeQuotaAccessor:
         """The controller's write (``QuotaStatusWriter``); a quota deleted meanwhile is done."""
         try:
             await self._put_status({**quota_obj, "status": status}, self._controller_api)
-        except client.ApiException as error:
-            if error.status != 404:
-                raise
+        except NotFound:
+            return

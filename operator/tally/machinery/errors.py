@@ -8,3 +8,11 @@ class Conflict(Exception):
 
     Routine under concurrency; the caller retries from a fresher copy.
     """
+
+
+class NotFound(Exception):
+    """A write found no object (HTTP 404): it was deleted since it was read.
+
+    Routine too: a quota deleted while requests were being judged against it. The caller
+    goes on without it, as a fresh LIST would.
+    """

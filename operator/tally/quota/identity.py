@@ -47,11 +47,20 @@ def is_cluster_quota(quota: Mapping[str, Any]) -> bool:
 
 def quota_name(quota: Mapping[str, Any]) -> str:
     """``metadata.name`` of a quota, ``""`` when missing."""
+    return _metadata_str(quota, "name")
+
+
+def quota_uid(quota: Mapping[str, Any]) -> str:
+    """``metadata.uid`` of a quota, ``""`` when missing: which incarnation of the name."""
+    return _metadata_str(quota, "uid")
+
+
+def _metadata_str(quota: Mapping[str, Any], key: str) -> str:
     metadata = quota.get("metadata")
     if isinstance(metadata, Mapping):
-        name = metadata.get("name")
-        if isinstance(name, str):
-            return name
+        value = metadata.get(key)
+        if isinstance(value, str):
+            return value
     return ""
 
 

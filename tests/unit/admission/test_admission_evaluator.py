@@ -37,6 +37,7 @@ from tally.admission import (
     Conflict,
     CountingAdmissionMetrics,
     LimitedResource,
+    NotFound,
     QuotaEvaluator,
 )
 from tally.admission.overcharges import OVERCHARGE_MEMORY_S, Overcharges
@@ -123,7 +124,7 @@ class FakeAccessor:
         key = (quota["metadata"]["namespace"], quota["metadata"]["name"])
         stored = self.store.get(key)
         if stored is None:
-            raise LookupError(f'resourcequotas "{key[1]}" not found')
+            raise NotFound(f'resourcequotas "{key[1]}" not found')
         if self.before_write is not None:
             self.before_write(stored)
         if quota["metadata"].get("resourceVersion", "") != stored["metadata"]["resourceVersion"]:
@@ -886,6 +887,53 @@ async def test_other_failures_keep_upstreams_three_retries_beside_conflicts(
     assert (500, "d") == (denied.code, denied.message)
     assert 6 == accessor.write_attempts
     assert {"pods": "3"} == accessor.used("quota")
+
+
+def _with_uid(quota: Obj, uid: str) -> Obj:
+    quota["metadata"]["uid"] = uid
+    return quota
+
+
+async def test_a_quota_deleted_before_its_write_is_skipped_though_the_cache_still_holds_it(
+    running: list[QuotaEvaluator],
+) -> None:
+    # The write answers 404 while the watch has not delivered the deletion: the retry reads the
+    # deleted quota from the cache again, and must go on without it, as a fresh LIST would
+    # (upstream re-reads and skips it), rather than fail the request with the 404.
+    accessor = FakeAccessor(
+        [
+            _with_uid(resource_quota("stays", {"pods": "5"}, {"pods": "0"}), "u-stays"),
+            _with_uid(resource_quota("goes", {"pods": "5"}, {"pods": "0"}), "u-goes"),
+        ]
+    )
+    accessor.lag()
+    del accessor.store[("test", "goes")]
+    running.append(evaluator := handler(accessor))
+    assert await validate(evaluator, create(pod("p"))) is None
+    assert {"pods": "1"} == accessor.used("stays")
+    assert ("test", "goes") in (accessor.lagging_cache or {})
+
+
+async def test_a_quota_recreated_under_the_same_name_is_judged_on_the_retry(
+    running: list[QuotaEvaluator],
+) -> None:
+    # The write of the old incarnation answers 404; by the retry the cache holds a new quota
+    # of that name (another uid), which binds the request like any other.
+    accessor = FakeAccessor([_with_uid(resource_quota("q", {"pods": "5"}, {"pods": "0"}), "u-1")])
+    write = accessor.update_quota_status
+
+    async def recreated_meanwhile(quota: Any, **kw: Any) -> Obj:
+        if quota["metadata"]["uid"] == "u-1":
+            accessor.put(_with_uid(resource_quota("q", {"pods": "1"}, {"pods": "1"}), "u-2"))
+            raise NotFound('resourcequotas "q" not found')
+        return await write(quota, **kw)
+
+    accessor.update_quota_status = recreated_meanwhile  # type: ignore[method-assign]
+    running.append(evaluator := handler(accessor))
+    denied = await validate(evaluator, create(pod("p")))
+    assert denied is not None
+    assert denied.code == 403
+    assert "exceeded quota: q" in denied.message
 
 
 async def test_quota_deleted_during_retry_is_skipped(running: list[QuotaEvaluator]) -> None:
