@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any, Final
@@ -88,6 +90,8 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self._early: list[bytes] = []
         self._handshake: asyncio.Task[None] | None = None
+        self.admitted = False
+        """Counted against the cap when made (:meth:`ConnectionGuard.accept`)."""
 
     def __repr__(self) -> str:
         peer = (self.transport or self.raw).get_extra_info("peername") if self.raw else None
@@ -101,9 +105,9 @@ class _Connection(asyncio.Protocol):
         # The handshake takes the stream over from here: no byte may reach this protocol first.
         transport.pause_reading()
         self.raw = transport
-        if not self._guard.admit(self):
-            self.state = _State.CLOSED
-            transport.abort()
+        if not self.admitted or self.state is _State.CLOSED:
+            # Refused at the cap, or closed to make room before asyncio handed it over.
+            self.abort()
             return
         self._handshake = asyncio.get_running_loop().create_task(self._start_tls(transport))
 
@@ -175,6 +179,13 @@ class _Connection(asyncio.Protocol):
         self.state = _State.CLOSED
         transport = self.transport or self.raw
         if transport is not None:
+            # The connection leaves the kernel's established ones now: asyncio closes the
+            # socket only at the loop's next turn, which a busy loop makes late, and the cap
+            # is about what is open.
+            raw = self.raw.get_extra_info("socket") if self.raw is not None else None
+            if raw is not None:
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_RDWR)
             transport.abort()
 
 
@@ -203,8 +214,12 @@ class ConnectionGuard:
         return len(self._open)
 
     def accept(self) -> asyncio.Protocol:
-        """The listener's protocol factory."""
-        return _Connection(self)
+        """The listener's protocol factory: asyncio calls it for each accepted socket a loop
+        turn before handing the socket over (``connection_made``), so the room a new connection
+        needs is made here, a turn sooner."""
+        connection = _Connection(self)
+        connection.admitted = self.admit(connection)
+        return connection
 
     def admit(self, connection: _Connection) -> bool:
         """Room for one more, closing the longest idle if needed; False: every open connection

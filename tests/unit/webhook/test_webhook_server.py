@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import logging
+import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +31,7 @@ from policy_webhook import loopback_tls
 from tally.admission.attributes import Attributes
 from tally.admission.errors import AdmissionDenied
 from tally.app.recursion import raise_recursion_limit
+from tally.webhook.connections import ConnectionGuard
 from tally.webhook.limits import MAX_BODY_BYTES, WebhookLimits
 from tally.webhook.server import (
     MAX_OBJECT_DEPTH,
@@ -498,6 +500,32 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
         assert s.server.open_connections <= 2
         oldest_writer.close()
         newer_writer.close()
+
+
+async def test_a_connection_closed_to_make_room_is_shut_before_the_loops_next_turn() -> None:
+    # The cap is about what the kernel holds open; under load a loop turn can be long, and the
+    # listener accepts a batch at a time, so the room is made when asyncio asks for the new
+    # connection's protocol, and the idle one's socket is shut down then, not a turn later.
+    guard = ConnectionGuard(
+        WebhookLimits(max_connections=1),
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH),  # no handshake comes here
+        asyncio.Protocol,
+    )
+    listener = await asyncio.get_running_loop().create_server(guard.accept, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    idle = socket.create_connection(("127.0.0.1", port))
+    try:
+        await _eventually(lambda: len(guard) == 1, "the idle connection accepted")
+        idle.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            idle.recv(1)  # open: nothing to read yet
+        guard.accept()  # the next accepted socket's protocol: no await, no loop turn
+        assert idle.recv(1) == b""  # the peer's FIN is already here
+        assert len(guard) == 1
+    finally:
+        idle.close()
+        listener.close()
+        guard.close_handshakes()
 
 
 async def test_at_the_cap_with_every_connection_serving_the_new_one_is_closed() -> None:
