@@ -51,6 +51,10 @@ Deliberate differences from upstream's ``checkQuotas``, each closing a hole in i
 * A refusal judged against a charge the same pass then gave back (upstream refuses it: the
   namespace's next request fits where this one did not) is judged again by the lane's next
   pass, against the status without that charge.
+* A quota whose write answers 404 (deleted since it was read) is left out of the retry even
+  while the cache still holds it (upstream's informer lags the same way, and its retries keep
+  writing to the deleted quota until they fail the request); a quota re-created under that name
+  is another uid, and is judged.
 * A retry skips the LimitedResources checks: the requests passed them against the full quota
   list, and the subset of retried quotas would not cover names the other quotas cover.
 * A lost compare-and-swap is retried against the quota read from the API (upstream re-reads

@@ -25,8 +25,11 @@ A connection is closed when its peer is late:
    server's handler enforces (:mod:`tally.webhook.server`), and it tells the guard when a
    request is in progress (:meth:`ConnectionGuard.begin` / :meth:`~ConnectionGuard.end`).
 
-At most ``max_connections`` are open, handshakes included. One accepted past the cap closes
-the connection that has been idle the longest: no request in progress, whether it waits for
+At most ``max_connections`` are open, handshakes included, counted as the kernel counts them:
+the room a new connection needs is made when asyncio asks for its protocol (a loop turn before
+it hands the socket over), and a closed connection's socket is shut down at once, not at the
+loop's next turn, which a loop busy with watch events makes long. One accepted past the cap
+closes the connection that has been idle the longest: no request in progress, whether it waits for
 its handshake, for a request, or for the rest of a slow head (whose first byte does not refresh
 its place), so that idle or slow peers cannot keep the API server's connections out. Only when
 every open connection has a request in progress is the new one closed, before its handshake.
