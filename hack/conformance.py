@@ -17,9 +17,10 @@ the other); each is bounded by ``--timeout``. Everything started here is stopped
 failure, on Ctrl-C and on SIGTERM: e2e.test, tally (SIGINT first, so it removes its webhook
 configuration), then the control plane. Logs stay in the work directory when something failed.
 
-e2e.test flags that make the suite run with zero nodes (checked at v1.37):
-``--provider=skeleton --allowed-not-ready-nodes=-1 --num-nodes=0
---e2e-verify-service-account=false``.
+The planes have their simulated nodes (``cluster.DEFAULT_NODES``, kwok), so the specs' pods are
+scheduled and run, and the DRA spec finds a schedulable node. e2e.test flags for such a plane
+(checked at v1.37): ``--provider=skeleton --allowed-not-ready-nodes=-1 --num-nodes=2
+--e2e-verify-service-account=false`` (no kube-system pods to wait for).
 """
 
 from __future__ import annotations
@@ -204,9 +205,9 @@ def e2e_command(
         "--",
         f"--kubeconfig={kubeconfig}",
         "--provider=skeleton",
-        # Zero nodes: no waiting for schedulable nodes, kube-system pods or kube-root-ca.crt.
+        # The plane's simulated nodes; no waiting for kube-system pods (there are none).
         "--allowed-not-ready-nodes=-1",
-        "--num-nodes=0",
+        f"--num-nodes={cluster.DEFAULT_NODES}",
         "--e2e-verify-service-account=false",
         f"--report-dir={report_dir}",
     ]
@@ -238,7 +239,9 @@ def run_mode(
     try:
         _say(f"{mode}: starting a control plane in {directory / 'cluster'}")
         with contextlib.ExitStack() as stack:
-            state = stack.enter_context(cluster.running(directory / "cluster", mode))
+            state = stack.enter_context(
+                cluster.running(directory / "cluster", mode, nodes=cluster.DEFAULT_NODES)
+            )
             tally: operator_process.TallyProcess | None = None
             if mode == "operator":
                 tally = stack.enter_context(running_tally(state, directory / "tally.log"))
