@@ -779,16 +779,7 @@ def _ssl_context(state: State) -> ssl.SSLContext:
 
 def api_get(state: State, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET on the API server as the admin; (status, body), status 0 when unreachable."""
-    request = urllib.request.Request(state.server + path)
-    try:
-        with urllib.request.urlopen(
-            request, timeout=timeout, context=_ssl_context(state)
-        ) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
+    return _api_request(state, urllib.request.Request(state.server + path), timeout)
 
 
 def api_send(
@@ -802,6 +793,12 @@ def api_send(
         method=method,
         headers={"Content-Type": "application/json"},
     )
+    return _api_request(state, request, timeout)
+
+
+def _api_request(
+    state: State, request: urllib.request.Request, timeout: float
+) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(
             request, timeout=timeout, context=_ssl_context(state)
