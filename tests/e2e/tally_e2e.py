@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes_asyncio import client
 
 import cluster
@@ -67,6 +68,28 @@ class ControlPlane:
             check=check,
             timeout=60,
         )
+
+
+def token_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig for the service account (a TokenRequest token, one hour), its namespace the
+    context's: what a namespace's user holds, with no rights but those bound to the account."""
+    token = plane.kubectl("create", "token", account, "-n", namespace, "--duration=1h")
+    admin = yaml.safe_load(plane.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": server["server"],
+            "certificate-authority-data": server["certificate-authority-data"]}}],
+        "users": [{"name": account, "user": {"token": token.stdout.strip()}}],
+        "contexts": [{"name": "reader", "context": {
+            "cluster": "local", "user": account, "namespace": namespace}}],
+        "current-context": "reader",
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
 
 
 async def eventually(

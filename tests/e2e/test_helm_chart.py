@@ -497,6 +497,7 @@ def test_image_resources_scheduling_rbac(helm_env: dict[str, str]) -> None:
         "tolerations[0].key=dedicated",
         "tolerations[0].operator=Exists",
         "rbac.countAnyResource=false",
+        "rbac.aggregateToDefaultRoles=false",
     )
     spec, container = tally_container(objects)
     assert "registry.example.com/tally:0.2.0" == container["image"]
@@ -511,6 +512,8 @@ def test_image_resources_scheduling_rbac(helm_env: dict[str, str]) -> None:
     assert kinds(render(helm_env)) - kinds(objects) == {
         ("ClusterRole", "", "tally-count-any-resource"),
         ("ClusterRoleBinding", "", "tally-count-any-resource"),
+        ("ClusterRole", "", "tally-podset-view"),
+        ("ClusterRole", "", "tally-podset-edit"),
     }
 
 

@@ -32,7 +32,7 @@ from podset_e2e import install_podset_crd
 
 import cluster
 from builders import IMAGE, NO_SCHEDULER
-from tally_e2e import ControlPlane, eventually, set_pod_status
+from tally_e2e import ControlPlane, eventually, set_pod_status, token_kubeconfig
 
 pytest_plugins = ["clusterquota_e2e"]
 
@@ -367,28 +367,6 @@ async def test_why_agrees_with_the_api_server(team: Team, control_plane: Control
     assert 1 == text.code
     assert "Server (dry run): refused by ResourceQuota rq\n" in text.out
     assert "  over by pods=1 (used 2 + requested 1 > limited 2)\n" in text.out
-
-
-def token_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig for the service account (a TokenRequest token), its namespace the
-    context's."""
-    token = plane.kubectl("create", "token", account, "-n", namespace, "--duration=1h")
-    admin = yaml.safe_load(plane.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {
-            "server": server["server"],
-            "certificate-authority-data": server["certificate-authority-data"]}}],
-        "users": [{"name": account, "user": {"token": token.stdout.strip()}}],
-        "contexts": [{"name": "reader", "context": {
-            "cluster": "local", "user": account, "namespace": namespace}}],
-        "current-context": "reader",
-    }  # fmt: skip
-    path.write_text(json.dumps(config))
-    path.chmod(0o600)
-    return path
 
 
 async def test_a_namespace_reader_gets_one_line_errors(
