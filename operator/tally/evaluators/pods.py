@@ -287,10 +287,11 @@ def _status_resources_fingerprint(status: Mapping[str, Any]) -> tuple[tuple[str,
 def projection_source(pod: Obj) -> str | None:
     """What a pod's projection is computed from, beyond its identity, in a form compared at
     once: ``metadata.generation`` (standing for the whole spec), the deletion's timestamp and
-    grace period, the phase, the QoS class, the resize condition's reason, and the raw
-    ``allocatedResources`` and ``resources`` of each container status. ``None`` when the pod
-    has no generation, or its fields are not of the shapes read here (the full projection then
-    decides, and names what is wrong).
+    grace period, whether the phase is terminal (all the projection reads of it: a pod going
+    from Pending to Running, as every started pod does, keeps its projection), the QoS class,
+    the resize condition's reason, and the raw ``allocatedResources`` and ``resources`` of each
+    container status. ``None`` when the pod has no generation, or its fields are not of the
+    shapes read here (the full projection then decides, and names what is wrong).
 
     A ``repr``, interned: equal sources are one string, shared by every pod of a workload in
     the same state, so keeping it costs a pointer per pod. ``repr`` of these values (ints,
@@ -299,8 +300,8 @@ def projection_source(pod: Obj) -> str | None:
     metadata, status = pod.get("metadata"), pod.get("status") or {}
     if type(metadata) is not dict or type(status) is not dict:
         return None
-    generation = metadata.get("generation")
-    if type(generation) is not int:
+    generation, phase = metadata.get("generation"), status.get("phase")
+    if type(generation) is not int or (phase is not None and type(phase) is not str):
         return None
     resources: list[object] = []
     for key in ("containerStatuses", "initContainerStatuses"):
@@ -330,7 +331,7 @@ def projection_source(pod: Obj) -> str | None:
             generation,
             metadata.get("deletionTimestamp"),
             metadata.get("deletionGracePeriodSeconds"),
-            status.get("phase"),
+            phase in _TERMINAL_PHASES,
             status.get("qosClass"),
             resize,
             resources,

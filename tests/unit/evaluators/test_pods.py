@@ -1172,6 +1172,24 @@ def test_a_status_write_that_changes_nothing_quota_reads_keeps_the_projection() 
     assert later is first
 
 
+def test_a_pod_starting_keeps_the_projection_it_was_admitted_with() -> None:
+    # Pending (as created, then bound) to Running: the phase is not terminal either way, and
+    # nothing else the projection reads changed.
+    first = project_pod(_running(status={"phase": "Pending"}))
+    later = PodEvaluator().reproject(first, _running())
+    assert later is first
+    assert usage_strings(evaluator().usage(later)) == {
+        "pods": "1", "count/pods": "1", "requests.cpu": "100m", "cpu": "100m",
+    }  # fmt: skip
+
+
+def test_a_phase_that_is_not_a_string_is_refused_as_a_full_projection_refuses_it() -> None:
+    first = project_pod(_running())
+    with pytest.raises(ObjectError) as info:
+        PodEvaluator().reproject(first, _running(status={"phase": 3}))
+    assert info.value.field == "status.phase"
+
+
 @pytest.mark.parametrize(
     ("update", "changed"),
     [
