@@ -76,7 +76,8 @@ def cluster_quota_plane() -> Iterator[tuple[cluster.State, operator_process.Tall
     with contextlib.ExitStack() as stack:
         print("starting an operator-mode control plane ...", file=sys.stderr, flush=True)
         state = stack.enter_context(control_plane("operator"))
-        kubectl(state, "apply", "-f", str(REPO / "crds" / "clusterquotas.tally.dev.yaml"))
+        for crd in ("clusterquotas.tally.dev.yaml", "appliedclusterquotas.tally.dev.yaml"):
+            kubectl(state, "apply", "-f", str(REPO / "crds" / crd))
         log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tally.log"
         tally = operator_process.TallyProcess(
             Path(state.kubeconfig), log, bin_dir=Path(state.bin_dir)

@@ -47,12 +47,19 @@ Used = dict[str, str]
 """A ``status.used`` map: resource name to quantity, as the API server stores it."""
 
 
+APPLIED_CRD: Final = CRD.with_name("appliedclusterquotas.tally.dev.yaml")
+APPLIED_PLURAL: Final = "appliedclusterquotas"
+
+
 @pytest.fixture(scope="module")
 def cq_crd(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/clusterquotas.tally.dev", "--timeout=60s"
-    )
+    """The ClusterQuota CRD and the AppliedClusterQuota CRD (what tally writes of each into the
+    namespaces it selects)."""
+    for crd in (CRD, APPLIED_CRD):
+        control_plane.kubectl("apply", "-f", str(crd))
+    for name in ("clusterquotas.tally.dev", "appliedclusterquotas.tally.dev"):
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{name}",
+                              "--timeout=60s")  # fmt: skip
 
 
 @pytest_asyncio.fixture

@@ -512,8 +512,8 @@ def test_image_resources_scheduling_rbac(helm_env: dict[str, str]) -> None:
     assert kinds(render(helm_env)) - kinds(objects) == {
         ("ClusterRole", "", "tally-count-any-resource"),
         ("ClusterRoleBinding", "", "tally-count-any-resource"),
-        ("ClusterRole", "", "tally-podset-view"),
-        ("ClusterRole", "", "tally-podset-edit"),
+        ("ClusterRole", "", "tally-namespace-view"),
+        ("ClusterRole", "", "tally-namespace-edit"),
     }
 
 

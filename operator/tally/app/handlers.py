@@ -32,11 +32,19 @@ from typing import Any
 
 import kopf
 
-from tally.app.kinds import CLUSTER_QUOTAS, NAMESPACES, PODSETS, RESOURCE_QUOTAS, TRACKED_CORE_KINDS
+from tally.app.kinds import (
+    APPLIED_CLUSTER_QUOTAS,
+    CLUSTER_QUOTAS,
+    NAMESPACES,
+    PODSETS,
+    RESOURCE_QUOTAS,
+    TRACKED_CORE_KINDS,
+)
 from tally.app.kopf_settings import configure_kopf
 from tally.app.recursion import raise_recursion_limit
 from tally.app.runtime import STOP_TIMEOUT_S, Runtime
 from tally.app.settings import Settings, SettingsError
+from tally.clusterquota import applied
 from tally.evaluators.base import GroupResource
 from tally.kube import cluster_quotas, rest
 from tally.podset import client as podset_client
@@ -138,6 +146,10 @@ kopf.on.event(PODSETS.group, podset_client.VERSION, PODSETS.resource, id="cache-
 kopf.on.event(
     CLUSTER_QUOTAS.group, cluster_quotas.VERSION, CLUSTER_QUOTAS.resource, id="cache-clusterquotas"
 )(_feed(CLUSTER_QUOTAS))
+kopf.on.event(
+    APPLIED_CLUSTER_QUOTAS.group, applied.VERSION, APPLIED_CLUSTER_QUOTAS.resource,
+    id="cache-appliedclusterquotas",
+)(_feed(APPLIED_CLUSTER_QUOTAS))  # fmt: skip
 kopf.on.event("v1", NAMESPACES.resource, id="cache-namespaces")(_feed(NAMESPACES))
 
 

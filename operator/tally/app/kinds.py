@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from tally.clusterquota import applied
 from tally.evaluators.base import GroupResource
 from tally.kube import cluster_quotas
 from tally.podset import client as podset_client
@@ -26,8 +27,14 @@ PODSETS: Final = GroupResource(podset_client.GROUP, podset_client.PLURAL)
 """tally's own kind: reconciled by the PodSet controller and countable by quotas."""
 CLUSTER_QUOTAS: Final = GroupResource(cluster_quotas.GROUP, cluster_quotas.PLURAL)
 """tally's ClusterQuotas (cluster-scoped)."""
+APPLIED_CLUSTER_QUOTAS: Final = GroupResource(applied.GROUP, applied.PLURAL)
+"""What tally writes of each ClusterQuota into the namespaces it selects (namespaced)."""
 NAMESPACES: Final = GroupResource("", "namespaces")
 """Namespaces, for their labels: what ClusterQuotas select."""
 CLUSTER_SCOPED: Final = frozenset({CLUSTER_QUOTAS, NAMESPACES})
-OWN_KINDS: Final = {PODSETS: podset_client.VERSION, CLUSTER_QUOTAS: cluster_quotas.VERSION}
+OWN_KINDS: Final = {
+    PODSETS: podset_client.VERSION,
+    CLUSTER_QUOTAS: cluster_quotas.VERSION,
+    APPLIED_CLUSTER_QUOTAS: applied.VERSION,
+}
 """tally's custom resources and their versions: a missing CRD lists as no objects."""

@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 from tally.admission.config import load_configuration
 from tally.admission.evaluator import QuotaEvaluator
 from tally.app.kinds import (
+    APPLIED_CLUSTER_QUOTAS,
     CLUSTER_QUOTAS,
     NAMESPACES,
     OWN_KINDS,
@@ -34,14 +35,17 @@ from tally.builtin_quota import decision as builtin_quota
 from tally.builtin_quota import probe as builtin_quota_probe
 from tally.charges import ChargeLedger
 from tally.charges.own_writes import OwnWrites
+from tally.clusterquota import applied
 from tally.clusterquota import quota as cluster_quota
 from tally.clusterquota.admission import ClusterQuotaBinding
+from tally.clusterquota.applied import AppliedQuotaController
 from tally.clusterquota.controller import ClusterQuotaController
 from tally.clusterquota.measures import MeasureCatalog
 from tally.clusterquota.routing import ClusterQuotaEvents
 from tally.evaluators.base import GroupResource
 from tally.evaluators.registry import Registry
 from tally.kube import cluster_quotas
+from tally.kube.applied_quotas import KubeAppliedQuotaWriter
 from tally.kube.charge_verifier import KubeChargeVerifier
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.events import WarningRecorder
@@ -149,6 +153,20 @@ class QuotaSystem:
                 component=EVENT_COMPONENT,
             ),
         )
+        # What the people of each selected namespace may read of a ClusterQuota.
+        self.applied_controller = AppliedQuotaController(
+            self.cluster_quotas,
+            informers[NAMESPACES].store,
+            informers[APPLIED_CLUSTER_QUOTAS].store,
+            KubeAppliedQuotaWriter(api, applied.GROUP, applied.VERSION, applied.PLURAL),
+            self.cluster_controller.selects,
+            newest=self.cluster_quota_writer.newest,
+            min_interval=settings.applied_quota_interval,
+            qps=settings.applied_quota_qps,
+            resync_period=settings.resync_period,
+            metrics_provider=metrics.workqueue,
+        )
+        self._applied_quotas = settings.applied_quotas
         self.accessor = KubeQuotaAccessor(
             self.quotas,
             dedicated_api,
@@ -205,11 +223,14 @@ class QuotaSystem:
         start-up probe, before anything starts)."""
         return self.admission.charges_resource_quotas
 
-    def controllers(self) -> list[ResourceQuotaController | ClusterQuotaController]:
-        """The usage controllers to run while leading."""
+    def controllers(
+        self,
+    ) -> list[ResourceQuotaController | ClusterQuotaController | AppliedQuotaController]:
+        """The usage controllers to run while leading, and the applied view's."""
         return [
             *([self.controller] if self.enforces_resource_quotas else []),
             self.cluster_controller,
+            *([self.applied_controller] if self._applied_quotas else []),
         ]
 
     def _wire_handlers(self) -> None:
@@ -238,6 +259,11 @@ class QuotaSystem:
             )
         )
         informers[NAMESPACES].add_handler(self.cluster_controller.on_namespace)
+        if self._applied_quotas:
+            # After the ClusterQuota controller's handlers: its selectors are current.
+            informers[CLUSTER_QUOTAS].add_handler(self.applied_controller.on_cluster_quota)
+            informers[NAMESPACES].add_handler(self.applied_controller.on_namespace)
+            informers[APPLIED_CLUSTER_QUOTAS].add_handler(self.applied_controller.on_applied)
 
     # -- callbacks the collaborators were given
 

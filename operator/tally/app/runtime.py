@@ -28,6 +28,7 @@ from kubernetes_asyncio import client
 from tally.admission.attributes import Attributes
 from tally.app.heap import freeze_long_lived, heap_trimmer
 from tally.app.kinds import (
+    APPLIED_CLUSTER_QUOTAS,
     CLUSTER_QUOTAS,
     CLUSTER_SCOPED,
     NAMESPACES,
@@ -140,6 +141,7 @@ class Runtime:
         )
         self.informers = self.caches.informers
         self.caches.add(CLUSTER_QUOTAS, _keep_whole)
+        self.caches.add(APPLIED_CLUSTER_QUOTAS, _keep_whole)
         self.caches.add(NAMESPACES, namespace_labels)
         for gr in (RESOURCE_QUOTAS, *TRACKED_CORE_KINDS, PODSETS):
             evaluator = self.registry.get(gr) if gr not in (RESOURCE_QUOTAS, PODSETS) else None
@@ -188,6 +190,7 @@ class Runtime:
                 self.podset_controller,
                 self.quota.controller,
                 self.quota.cluster_controller,
+                self.quota.applied_controller,
             ],
             registrar=lambda: self.serving.registrar,
             on_begun=self.quota.dynamic.poke,  # Events a follower only logged are posted now

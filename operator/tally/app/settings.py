@@ -457,6 +457,17 @@ class Settings(BaseModel):
     """``TALLY_PODSET_BURST``: requests the PodSet controller may make at once after a quiet
     spell (``--kube-api-burst``, 30 upstream); 0 means one second's worth of ``podset_qps``."""
 
+    applied_quotas: bool = True
+    """``TALLY_APPLIED_QUOTAS``: keep an AppliedClusterQuota in every namespace a ClusterQuota
+    selects (what the people of that namespace may read of it); false: none, and those
+    already written are left as they are."""
+    applied_quota_interval: float = Field(default=1.0, ge=0, le=3600)
+    """``TALLY_APPLIED_QUOTA_INTERVAL``: the least seconds between two writes of one
+    AppliedClusterQuota; a burst of charges shows within it as one write of the latest total."""
+    applied_quota_qps: float = Field(default=50.0, ge=0, le=100000)
+    """``TALLY_APPLIED_QUOTA_QPS``: AppliedClusterQuota writes a second over all of them (a
+    token bucket); 0 means unlimited."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ

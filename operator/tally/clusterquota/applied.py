@@ -1,0 +1,321 @@
+"""AppliedClusterQuotas: each ClusterQuota as the people of a namespace it selects may read it.
+
+A ClusterQuota is cluster-scoped, and its status names every selected namespace with its usage,
+so a team member who may read only their own namespace can neither read it nor be allowed to.
+In each namespace a ClusterQuota selects, tally keeps one ``AppliedClusterQuota``
+(``appliedclusterquotas.tally.dev``, namespaced, named as the ClusterQuota) that carries what
+binds that namespace and nothing of any other: the ClusterQuota's ``spec.quota`` (hard, scopes),
+the total used over all its namespaces, this namespace's own share, what remains, the most used
+resource, and whether usage was computed (status and reason, not the message, which may name
+an object elsewhere). Never the selector (its label values can name other teams) nor another
+namespace's name, share or count. The built-in ``view`` role reads them (the manifests'
+aggregated ClusterRole); nobody but tally writes them.
+
+Objects tally writes, rather than an API tally would serve through the aggregation layer: they
+stay readable (stale, and saying since when) while tally is down, where an aggregated API
+would be unavailable and, with it, discovery, so that the namespace controller and the
+garbage collector stall cluster-wide until it is back; ``get``, ``-w``, ``-o yaml``, table
+columns and RBAC then come from the API server as for any kind. Their cost is writes: each
+charge moves the total every applied object shows. :class:`AppliedQuotaController` bounds it:
+one object is written at most once per ``min_interval`` (a burst of charges is one write per
+object per interval, showing the latest total), all of them at most ``qps`` per second, and a
+write happens only when what the object shows changed.
+
+An owner reference to the ClusterQuota lets the garbage collector remove its applied objects
+when it is deleted, tally running or not; a namespace's are deleted with it.
+
+Pure apart from the writer it is given: plain JSON in and out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
+
+from tally.clusterquota import quota as cluster
+from tally.machinery.cache import Change, ChangeKind, Store
+from tally.machinery.errors import Conflict, NotFound
+from tally.quota import resources
+from tally.quota.quantity import ZERO
+from tally.workqueue import (
+    DEFAULT_STOP_TIMEOUT,
+    MetricsProvider,
+    Periodic,
+    RateLimitingQueue,
+    WorkerPool,
+    default_controller_rate_limiter,
+)
+from tally.workqueue.tokenbucket import TokenBucket
+
+logger = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+GROUP: Final = "tally.dev"
+VERSION: Final = "v1alpha1"
+KIND: Final = "AppliedClusterQuota"
+PLURAL: Final = "appliedclusterquotas"
+OWNER_KIND: Final = "ClusterQuota"
+MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "tally"}
+
+QUEUE: Final = "appliedclusterquota"
+DEFAULT_WORKERS: Final = 2
+DEFAULT_MIN_INTERVAL_S: Final = 1.0
+DEFAULT_QPS: Final = 50.0
+DEFAULT_RESYNC_PERIOD_S: Final = 300.0
+
+
+def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
+    """What the AppliedClusterQuota of ``cq`` in ``namespace`` shows: ``total`` (hard and used,
+    as the ClusterQuota's status has them), ``namespace.used`` (this namespace's share of every
+    name the total carries, zero where it uses none), ``remaining`` (hard less the total used,
+    never below zero), ``mostUsed``, and the ``UsageComputed`` condition without its message.
+    Before the ClusterQuota's first status: its hard limits only."""
+    hard = cluster.status_total(cq, "hard")
+    if hard is None:
+        try:
+            hard = cluster.hard(cq)
+        except cluster.InvalidClusterQuota:
+            hard = {}
+    used = cluster.status_total(cq, "used")
+    status: dict[str, Any] = {"total": {"hard": resources.to_strings(hard)}}
+    if used is None:
+        return status
+    share = cluster.namespace_used(cq).get(namespace, {})
+    status["total"]["used"] = resources.to_strings(used)
+    status["namespace"] = {
+        "used": resources.to_strings({name: share.get(name, ZERO) for name in used})
+    }
+    status["remaining"] = resources.to_strings(
+        {name: max(limit - used.get(name, ZERO), ZERO) for name, limit in hard.items()}
+    )
+    status["mostUsed"] = cluster.most_used(hard, used)
+    computed = cluster.condition(cq, cluster.USAGE_COMPUTED)
+    if computed is not None:
+        status["conditions"] = [
+            {key: computed[key] for key in ("type", "status", "reason", "lastTransitionTime")
+             if key in computed}
+        ]  # fmt: skip
+    return status
+
+
+def applied_object(cq: Obj, namespace: str) -> dict[str, Any]:
+    """The AppliedClusterQuota of ``cq`` in ``namespace``, as tally writes it."""
+    metadata = cq.get("metadata") or {}
+    name = cluster.name_of(cq)
+    owner: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": OWNER_KIND,
+        "name": name,
+        "uid": str(metadata.get("uid") or ""),
+        "controller": True,
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(MANAGED_BY),
+            "ownerReferences": [owner],
+        },
+        "spec": {"quota": dict(cluster.spec_quota(cq))},
+        "status": applied_status(cq, namespace),
+    }
+
+
+def shows_the_same(existing: Obj, desired: Obj) -> bool:
+    """Whether ``existing`` already shows what ``desired`` would (spec, status, tally's label
+    and owner reference): then nothing is written."""
+    old, new = existing.get("metadata") or {}, desired.get("metadata") or {}
+    labels = old.get("labels") or {}
+    return (
+        existing.get("spec") == desired.get("spec")
+        and existing.get("status") == desired.get("status")
+        and all(labels.get(k) == v for k, v in (new.get("labels") or {}).items())
+        and old.get("ownerReferences") == new.get("ownerReferences")
+    )
+
+
+def owned_by_a_cluster_quota(obj: Obj) -> str | None:
+    """The name of the ClusterQuota ``obj``'s controller reference points at, if any: only
+    such objects are tally's to delete."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("controller")
+            and ref.get("kind") == OWNER_KIND
+            and str(ref.get("apiVersion") or "").startswith(f"{GROUP}/")
+        ):
+            return str(ref.get("name") or "")
+    return None
+
+
+class AppliedQuotaWriter(Protocol):
+    async def create(self, body: Obj) -> None:
+        """POST ``body``; :class:`Conflict` when it exists already (the cache lags)."""
+        ...
+
+    async def replace(self, existing: Obj, body: Obj) -> None:
+        """PUT ``body`` carrying ``existing``'s resourceVersion; :class:`Conflict` on 409,
+        :class:`NotFound` when it is gone."""
+        ...
+
+    async def delete(self, existing: Obj) -> None:
+        """DELETE ``existing`` (its uid as precondition); gone already is done."""
+        ...
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+class AppliedQuotaController:
+    """One AppliedClusterQuota per (ClusterQuota, selected namespace), kept as the ClusterQuota
+    shows, and none elsewhere."""
+
+    def __init__(
+        self,
+        cluster_quotas: Store[Obj],
+        namespaces: Store[Obj],
+        applied: Store[Obj],
+        writer: AppliedQuotaWriter,
+        selects: Callable[[Obj, str], bool],
+        *,
+        newest: Callable[[Obj], Obj] | None = None,
+        workers: int = DEFAULT_WORKERS,
+        min_interval: float = DEFAULT_MIN_INTERVAL_S,
+        qps: float = DEFAULT_QPS,
+        resync_period: float = DEFAULT_RESYNC_PERIOD_S,
+        metrics_provider: MetricsProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``selects(cq, namespace)``: the ClusterQuota controller's selection (the same
+        parsed selectors and namespace labels); ``newest``: the ClusterQuota writer's latest
+        copy of a cached ClusterQuota (its status written before the watch shows it);
+        ``min_interval``: seconds between two writes of one object; ``qps``: writes per second
+        over all of them (0: unlimited)."""
+        self.cluster_quotas = cluster_quotas
+        self.namespaces = namespaces
+        self.applied = applied
+        """AppliedClusterQuota objects as the API has them, keyed (namespace, name)."""
+        self.writer = writer
+        self.selects = selects
+        self.newest = newest
+        self.min_interval = min_interval
+        self._limiter = TokenBucket(qps, max(1, int(qps))) if qps > 0 else None
+        self._clock = clock
+        self._written: dict[str, float] = {}
+        """When each key was last written (entries leave with the object)."""
+        self.queue: RateLimitingQueue[str] = RateLimitingQueue(
+            default_controller_rate_limiter(), name=QUEUE, metrics_provider=metrics_provider
+        )
+        self._pool = WorkerPool(
+            self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
+        )
+        self._resync = Periodic(
+            self.enqueue_all, resync_period, name="appliedclusterquota-resync", logger=logger
+        )
+
+    # -- event handlers: work out keys, enqueue
+
+    def _enqueue(self, key: str) -> None:
+        """Now, or once ``min_interval`` has passed since the key's last write."""
+        wait = self._written.get(key, -self.min_interval) + self.min_interval - self._clock()
+        if wait > 0:
+            self.queue.add_after(key, wait)
+        else:
+            self.queue.add(key)
+
+    def on_cluster_quota(self, change: Change[Obj]) -> None:
+        """Every namespace the ClusterQuota selects, and every one holding its applied object
+        (a ClusterQuota that stops selecting a namespace leaves one to delete)."""
+        namespaces = set(self._holding(change.name))
+        if change.new is not None:
+            namespaces.update(
+                ns for ns in self.namespaces.names_in("") if self.selects(change.new, ns)
+            )
+        for namespace in namespaces:
+            self._enqueue(_key(namespace, change.name))
+
+    def on_namespace(self, change: Change[Obj]) -> None:
+        """A namespace appeared, was relabelled or went: its applied objects follow."""
+        namespace = change.name
+        names = {name for ns, name in self._applied_keys() if ns == namespace}
+        names.update(cluster.name_of(cq) for cq in self.cluster_quotas.in_namespace(""))
+        for name in names:
+            self._enqueue(_key(namespace, name))
+
+    def on_applied(self, change: Change[Obj]) -> None:
+        """An applied object changed or went (tally's own write, or someone else's): checked
+        again, so that one edited or deleted by hand shows the ClusterQuota again."""
+        key = _key(change.namespace, change.name)
+        if change.kind is ChangeKind.DELETED:
+            self._written.pop(key, None)
+        self.queue.add(key)
+
+    def enqueue_all(self) -> None:
+        keys = {_key(ns, name) for ns, name in self._applied_keys()}
+        namespaces = list(self.namespaces.names_in(""))
+        for cq in self.cluster_quotas.in_namespace(""):
+            name = cluster.name_of(cq)
+            keys.update(_key(ns, name) for ns in namespaces if self.selects(cq, ns))
+        for key in keys:
+            self.queue.add(key)
+
+    def _applied_keys(self) -> list[tuple[str, str]]:
+        return [
+            (ns, name) for ns in self.applied.namespaces() for name in self.applied.names_in(ns)
+        ]
+
+    def _holding(self, name: str) -> list[str]:
+        return [ns for ns, held in self._applied_keys() if held == name]
+
+    # -- sync
+
+    def desired(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object that should be in ``namespace`` for the ClusterQuota ``name``; None when
+        it does not exist or does not select the namespace (or the namespace is gone)."""
+        cq = self.cluster_quotas.get("", name)
+        if cq is None or self.namespaces.get("", namespace) is None:
+            return None
+        if self.newest is not None:
+            cq = self.newest(cq)
+        if not self.selects(cq, namespace):
+            return None
+        return applied_object(cq, namespace)
+
+    async def _sync_key(self, key: str) -> None:
+        namespace, _, name = key.partition("/")
+        existing = self.applied.get(namespace, name)
+        desired = self.desired(namespace, name)
+        if desired is None:
+            if existing is not None and owned_by_a_cluster_quota(existing) is not None:
+                await self._write(key, lambda: self.writer.delete(existing))
+                self._written.pop(key, None)
+            return
+        if existing is None:
+            await self._write(key, lambda: self.writer.create(desired))
+        elif not shows_the_same(existing, desired):
+            try:
+                await self._write(key, lambda: self.writer.replace(existing, desired))
+            except NotFound:
+                self.queue.add(key)  # deleted meanwhile: created again at the next pass
+
+    async def _write(self, key: str, write: Callable[[], Awaitable[None]]) -> None:
+        if self._limiter is not None:
+            await self._limiter.wait()
+        self._written[key] = self._clock()
+        await write()
+
+    # -- running
+
+    def start(self) -> None:
+        self._pool.start()
+        self._resync.start()
+
+    async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
+        await self._resync.stop()
+        await self._pool.stop(grace_period=grace_period)

@@ -1,0 +1,239 @@
+"""tally.clusterquota.applied: what a namespace's AppliedClusterQuota shows (its own share, the
+total, what remains; nothing of any other namespace) and how the controller keeps one per
+selected namespace, with bounded writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tally.clusterquota.applied import (
+    AppliedQuotaController,
+    applied_object,
+    applied_status,
+    shows_the_same,
+)
+from tally.clusterquota.controller import namespace_labels
+from tally.clusterquota.quota import selector
+from tally.machinery.cache import Change, ChangeKind, Store
+
+pytestmark = pytest.mark.unit
+
+Obj = Mapping[str, Any]
+
+
+def cq(status: dict[str, Any] | None = None, *, version: str = "7") -> dict[str, Any]:
+    return {
+        "apiVersion": "tally.dev/v1alpha1",
+        "kind": "ClusterQuota",
+        "metadata": {"name": "shared", "uid": "cq-uid", "resourceVersion": version},
+        "spec": {
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "team", "operator": "In", "values": ["a", "b"]}]},
+            "quota": {"hard": {"pods": "10", "requests.cpu": "4"},
+                      "scopes": ["NotBestEffort"]},
+        },
+        **({"status": status} if status is not None else {}),
+    }  # fmt: skip
+
+
+STATUS = {
+    "total": {"hard": {"pods": "10", "requests.cpu": "4"},
+              "used": {"pods": "7", "requests.cpu": "4500m"}},
+    "namespaces": [
+        {"namespace": "a-api", "status": {"used": {"pods": "2", "requests.cpu": "1"}}},
+        {"namespace": "b-secret-project", "status": {"used": {"pods": "5",
+                                                               "requests.cpu": "3500m"}}},
+    ],
+    "namespaceCount": 3,
+    "mostUsed": "requests.cpu 4500m/4",
+    "conditions": [{"type": "UsageComputed", "status": "False", "reason": "EvaluationFailed",
+                    "message": "b-secret-project/widgets/w1: no such field",
+                    "lastTransitionTime": "2026-11-27T10:00:00Z", "observedGeneration": 1}],
+}  # fmt: skip
+
+
+def test_the_namespace_sees_its_share_the_total_and_what_remains() -> None:
+    status = applied_status(cq(STATUS), "a-api")
+    assert status == {
+        "total": {"hard": {"pods": "10", "requests.cpu": "4"},
+                  "used": {"pods": "7", "requests.cpu": "4500m"}},
+        "namespace": {"used": {"pods": "2", "requests.cpu": "1"}},
+        # 10 - 7 pods; 4 - 4.5 cpu is over: nothing remains (never negative).
+        "remaining": {"pods": "3", "requests.cpu": "0"},
+        "mostUsed": "requests.cpu 4500m/4",
+        "conditions": [{"type": "UsageComputed", "status": "False", "reason": "EvaluationFailed",
+                        "lastTransitionTime": "2026-11-27T10:00:00Z"}],
+    }  # fmt: skip
+
+
+def test_a_namespace_using_nothing_sees_zeros_for_its_share() -> None:
+    # a-web is selected but not listed: the ClusterQuota's status leaves out namespaces that
+    # use nothing.
+    assert {"pods": "0", "requests.cpu": "0"} == applied_status(cq(STATUS), "a-web")["namespace"][
+        "used"
+    ]
+
+
+def test_nothing_of_another_namespace_or_the_selector_is_shown() -> None:
+    shown = json.dumps(applied_object(cq(STATUS), "a-api"))
+    # Another namespace's name (also quoted in the condition's message), the selector's label
+    # values, the number of namespaces and the other namespace's share (5, 3500m).
+    for secret in ("b-secret-project", "no such field", "matchExpressions", "namespaceCount",
+                   '"5"', "3500m"):  # fmt: skip
+        assert secret not in shown
+
+
+def test_before_the_first_status_only_the_limits_show() -> None:
+    assert {"total": {"hard": {"pods": "10", "requests.cpu": "4"}}} == applied_status(cq(), "a-api")
+
+
+def test_the_object_is_named_as_the_cluster_quota_and_owned_by_it() -> None:
+    obj = applied_object(cq(STATUS), "a-api")
+    assert {
+        "name": "shared",
+        "namespace": "a-api",
+        "labels": {"app.kubernetes.io/managed-by": "tally"},
+        "ownerReferences": [{"apiVersion": "tally.dev/v1alpha1", "kind": "ClusterQuota",
+                             "name": "shared", "uid": "cq-uid", "controller": True}],
+    } == obj["metadata"]  # fmt: skip
+    assert {"quota": {"hard": {"pods": "10", "requests.cpu": "4"},
+                      "scopes": ["NotBestEffort"]}} == obj["spec"]  # fmt: skip
+    assert ("tally.dev/v1alpha1", "AppliedClusterQuota") == (obj["apiVersion"], obj["kind"])
+
+
+def test_an_object_as_stored_shows_the_same_as_the_one_written() -> None:
+    desired = applied_object(cq(STATUS), "a-api")
+    stored = json.loads(json.dumps(desired))
+    stored["metadata"].update(resourceVersion="9", creationTimestamp="2026-11-27T10:00:00Z")
+    stored["metadata"]["labels"]["extra"] = "kept"
+    assert shows_the_same(stored, desired)
+    stored["status"]["namespace"]["used"]["pods"] = "1"
+    assert not shows_the_same(stored, desired)
+
+
+# -- the controller
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def create(self, body: Obj) -> None:
+        self.calls.append(("create", body["metadata"]["namespace"]))
+
+    async def replace(self, existing: Obj, body: Obj) -> None:
+        self.calls.append(("replace", body["metadata"]["namespace"]))
+
+    async def delete(self, existing: Obj) -> None:
+        self.calls.append(("delete", existing["metadata"]["namespace"]))
+
+
+def namespace(name: str, team: str, version: str = "1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": version, "labels": {"team": team}}}
+
+
+def setup(
+    now: list[float], applied: list[dict[str, Any]] | None = None
+) -> tuple[AppliedQuotaController, Writer, Store[Any], Store[Any], Store[Any]]:
+    cluster_quotas: Store[Any] = Store(lambda obj: obj, name="clusterquotas")
+    cluster_quotas.replace([cq(STATUS)], started_at=0)
+    namespaces: Store[Any] = Store(namespace_labels, name="namespaces")
+    namespaces.replace(
+        [namespace("a-api", "a"), namespace("a-web", "a"), namespace("c-other", "c")], started_at=0
+    )
+    stored: Store[Any] = Store(lambda obj: obj, name="appliedclusterquotas")
+    stored.replace(applied or [], started_at=0)
+    writer = Writer()
+
+    def selects(obj: Obj, ns: str) -> bool:
+        labels = namespaces.get("", ns)
+        return labels is not None and selector(obj).matches(labels)
+
+    controller = AppliedQuotaController(
+        cluster_quotas, namespaces, stored, writer, selects, qps=0, clock=lambda: now[0]
+    )
+    return controller, writer, cluster_quotas, namespaces, stored
+
+
+async def drain(controller: AppliedQuotaController) -> None:
+    while len(controller.queue):
+        key = await controller.queue.get()
+        await controller._sync_key(key)
+        controller.queue.done(key)
+
+
+async def test_one_object_per_selected_namespace_and_none_elsewhere() -> None:
+    now = [100.0]
+    stray = applied_object(cq(STATUS), "c-other")  # left from when c-other was selected
+    controller, writer, *_ = setup(now, [stray])
+    controller.enqueue_all()
+    await drain(controller)
+    assert sorted(writer.calls) == [("create", "a-api"), ("create", "a-web"),
+                                    ("delete", "c-other")]  # fmt: skip
+
+
+async def test_an_object_that_shows_the_cluster_quota_already_is_not_written() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, writer, *_ = setup(now, current)
+    controller.enqueue_all()
+    await drain(controller)
+    assert [] == writer.calls
+
+
+async def test_charges_in_a_burst_are_one_write_per_object_per_interval() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, writer, cluster_quotas, _, stored = setup(now, current)
+    charged = json.loads(json.dumps(STATUS))
+    charged["total"]["used"]["pods"] = "8"
+    charged["namespaces"][0]["status"]["used"]["pods"] = "3"
+    old = cq(STATUS)
+    new = cq(charged, version="8")
+    cluster_quotas.upsert(new)
+    controller.on_cluster_quota(Change("", "shared", old, new, ChangeKind.UPDATED))
+    await drain(controller)
+    assert sorted(writer.calls) == [("replace", "a-api"), ("replace", "a-web")]
+    # Written just now: the next charge waits for the interval (a delayed add, not at once).
+    stored.upsert({**applied_object(new, "a-api"), "metadata": {
+        **applied_object(new, "a-api")["metadata"], "resourceVersion": "2"}})  # fmt: skip
+    controller.on_cluster_quota(Change("", "shared", new, new, ChangeKind.UPDATED))
+    assert 0 == len(controller.queue)
+
+
+async def test_a_namespace_relabelled_out_loses_its_object() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, writer, _, namespaces, _ = setup(now, current)
+    before = namespaces.get("", "a-web")
+    namespaces.upsert(namespace("a-web", "z", version="2"))
+    controller.on_namespace(
+        Change("", "a-web", before, namespaces.get("", "a-web"), ChangeKind.UPDATED)
+    )
+    await drain(controller)
+    assert [("delete", "a-web")] == writer.calls
+
+
+async def test_a_deleted_cluster_quota_leaves_nothing() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, writer, cluster_quotas, _, _ = setup(now, current)
+    gone = cq(STATUS)
+    cluster_quotas.delete(gone)
+    controller.on_cluster_quota(Change("", "shared", gone, None, ChangeKind.DELETED))
+    await drain(controller)
+    assert sorted(writer.calls) == [("delete", "a-api"), ("delete", "a-web")]
+
+
+async def test_an_object_not_owned_by_a_cluster_quota_is_never_deleted() -> None:
+    now = [100.0]
+    foreign = {"apiVersion": "tally.dev/v1alpha1", "kind": "AppliedClusterQuota",
+               "metadata": {"name": "hand-made", "namespace": "c-other"}}  # fmt: skip
+    controller, writer, *_ = setup(now, [foreign])
+    controller.queue.add("c-other/hand-made")
+    await drain(controller)
+    assert [] == writer.calls
