@@ -32,6 +32,7 @@ from tally.cli.status import (
 )
 from tally.cli.top import TopReport, evaluators_for, rank
 from tally.cli.why import Decision, Explanation, ManifestError, QuotaRef, explain, load_manifest
+from tally.clusterquota import applied
 from tally.clusterquota import quota as cluster_quota
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.podsets import PodSetEvaluator
@@ -47,6 +48,9 @@ NAMESPACES: Final = Resource("", "v1", "namespaces", "Namespace", namespaced=Fal
 RESOURCE_QUOTAS: Final = Resource("", "v1", "resourcequotas", RESOURCE_QUOTA, namespaced=True)
 CLUSTER_QUOTAS: Final = Resource(
     cluster_quotas.GROUP, cluster_quotas.VERSION, cluster_quotas.PLURAL, CLUSTER_QUOTA_KIND, False
+)
+APPLIED_CLUSTER_QUOTAS: Final = Resource(
+    applied.GROUP, applied.VERSION, applied.PLURAL, applied.KIND, namespaced=True
 )
 DEFAULT_RESOURCE: Final = "requests.cpu"
 DEFAULT_LIMIT: Final = 10
@@ -196,6 +200,41 @@ class Reads:
             self.problems.append(str(error))
             return None
 
+    async def cluster_quotas(
+        self, session: Session, namespace: str | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The ClusterQuotas, or, for a user who may not list them, ``namespace``'s
+        AppliedClusterQuotas (what tally shows that namespace of each one binding it): then
+        nothing is missing, and the refusal is not reported."""
+        before = len(self.problems)
+        cqs = await self.soft(session.list_all(CLUSTER_QUOTAS, None))
+        if cqs is not None or namespace is None:
+            return cqs or [], []
+        try:
+            shown = await session.list_all(APPLIED_CLUSTER_QUOTAS, namespace)
+        except CliError as error:
+            if not error.forbidden:
+                raise
+            return [], []
+        del self.problems[before:]
+        return [], shown
+
+
+def applied_as_resource_quota(acq: Mapping[str, Any]) -> dict[str, Any]:
+    """An AppliedClusterQuota as the ResourceQuota-shaped view ``why`` judges against (the
+    shape :func:`tally.clusterquota.quota.as_resource_quota` gives a ClusterQuota): its limits
+    and the total used."""
+    metadata = acq.get("metadata") or {}
+    total = (acq.get("status") or {}).get("total") or {}
+    view: dict[str, Any] = {
+        "kind": CLUSTER_QUOTA_KIND,
+        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+        "spec": dict((acq.get("spec") or {}).get("quota") or {}),
+    }
+    if total:
+        view["status"] = {key: total[key] for key in ("hard", "used") if key in total}
+    return view
+
 
 def _labels(namespace: Mapping[str, Any]) -> dict[str, str]:
     metadata = namespace.get("metadata") or {}
@@ -235,11 +274,12 @@ async def status(
         rqs = await reads.soft(session.list_all(RESOURCE_QUOTAS, namespace)) or []
         asked = [namespace]
     # Which ClusterQuotas bind a namespace depends on its labels: without them, none can be
-    # shown (and reads.problems says why).
-    cqs = []
-    if labels:
-        cqs = await reads.soft(session.list_all(CLUSTER_QUOTAS, None)) or []
-    return status_report(asked, rqs, cqs, labels)
+    # shown (and reads.problems says why) but the namespace's applied view.
+    cqs: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    if labels or not all_namespaces:
+        cqs, shown = await reads.cluster_quotas(session, None if all_namespaces else namespace)
+    return status_report(asked, rqs, cqs, labels, shown)
 
 
 async def top(
@@ -294,8 +334,8 @@ async def why(
     found = await _namespace(session, namespace, reads)
     rqs = await reads.soft(session.list_all(RESOURCE_QUOTAS, namespace)) or []
     refs = [QuotaRef(RESOURCE_QUOTA, _name(rq), rq) for rq in sorted(rqs, key=_name)]
+    cqs, shown = await reads.cluster_quotas(session, namespace)
     if found is not None:
-        cqs = await reads.soft(session.list_all(CLUSTER_QUOTAS, None)) or []
         refs.extend(
             QuotaRef(
                 CLUSTER_QUOTA_KIND,
@@ -304,6 +344,10 @@ async def why(
             )
             for cq, _ in binding_cluster_quotas(cqs, {namespace: _labels(found)})
         )
+    refs.extend(
+        QuotaRef(CLUSTER_QUOTA_KIND, _name(acq), applied_as_resource_quota(acq))
+        for acq in sorted(shown, key=_name)
+    )
     evaluator = evaluators.get_or_count(GroupResource(resource.group, resource.plural))
     explanation = explain(obj, kind, namespace, evaluator, refs)
     decision = await session.dry_run_create(resource, namespace, obj)

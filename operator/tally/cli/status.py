@@ -7,6 +7,10 @@ reads what the usage controller wrote, never recomputing it: ``status.used`` aga
 total), plus each bound namespace's share from ``status.namespaces[]``. A quota whose status the
 controller has not written yet shows its spec's limits with the use unknown.
 
+A user who may not read ClusterQuotas (one holding only the built-in roles in their namespace)
+reads the namespace's AppliedClusterQuotas instead (:mod:`tally.clusterquota.applied`): the same
+limits and total, and that namespace's own share, which is all such a user is shown.
+
 Pure: API JSON in, a :class:`StatusReport` out; :mod:`tally.cli.render` draws it.
 """
 
@@ -29,6 +33,7 @@ __all__ = [
     "QuotaUse",
     "ResourceUse",
     "StatusReport",
+    "applied_quota_use",
     "binding_cluster_quotas",
     "cluster_quota_use",
     "describe_scope",
@@ -198,6 +203,39 @@ def cluster_quota_use(cq: Obj, bound: Iterable[str]) -> QuotaUse:
     )
 
 
+def applied_quota_use(acq: Obj) -> QuotaUse:
+    """An AppliedClusterQuota (what tally shows one namespace of a ClusterQuota selecting it):
+    the ClusterQuota's limits and total, and that namespace's share; no namespace count (it
+    is not shown to the namespace)."""
+    metadata = _section(acq, "metadata")
+    namespace = str(metadata.get("namespace") or "")
+    total = _section(acq, "status", "total")
+    quota = _section(acq, "spec", "quota")
+    if total.get("hard") is not None:
+        hard, hard_problem = _parsed(total.get("hard"), "status.total.hard")
+    else:
+        hard, hard_problem = _parsed(quota.get("hard"), "spec.quota.hard")
+    used, used_problem = _parsed(total.get("used"), "status.total.used")
+    share, share_problem = _parsed(_section(acq, "status", "namespace").get("used"),
+                                   "status.namespace.used")  # fmt: skip
+    scopes, scope_problem = _scopes({"spec": quota})
+    computed = cluster_quota.condition(acq, cluster_quota.USAGE_COMPUTED)
+    not_computed = ""
+    if computed is not None and computed.get("status") == "False":
+        not_computed = str(computed.get("reason") or "")
+    problems = (hard_problem, used_problem, share_problem, scope_problem)
+    return QuotaUse(
+        kind=CLUSTER_QUOTA_KIND,
+        name=str(metadata.get("name") or ""),
+        namespace=None,
+        scopes=scopes,
+        resources=tuple(resource_uses(hard, used)),
+        shares=(NamespaceShare(namespace, share),),
+        problem="; ".join(p for p in problems if p),
+        not_computed=not_computed,
+    )
+
+
 def binding_cluster_quotas(
     cluster_quotas: Iterable[Obj], namespace_labels: Mapping[str, Mapping[str, str]]
 ) -> list[tuple[Obj, list[str]]]:
@@ -221,9 +259,11 @@ def status_report(
     resource_quotas: Iterable[Obj],
     cluster_quotas: Iterable[Obj],
     namespace_labels: Mapping[str, Mapping[str, str]],
+    applied: Iterable[Obj] = (),
 ) -> StatusReport:
     """Every ResourceQuota given (sorted by namespace and name), then every ClusterQuota that
-    binds one of ``namespace_labels``' namespaces (by name)."""
+    binds one of ``namespace_labels``' namespaces (by name), or, where the ClusterQuotas could
+    not be read, every AppliedClusterQuota given (by name)."""
     rqs = sorted(
         (resource_quota_use(rq) for rq in resource_quotas),
         key=lambda q: (q.namespace or "", q.name),
@@ -232,6 +272,7 @@ def status_report(
         cluster_quota_use(cq, bound)
         for cq, bound in binding_cluster_quotas(cluster_quotas, namespace_labels)
     ]
+    cqs += sorted((applied_quota_use(acq) for acq in applied), key=lambda q: q.name)
     return StatusReport(
         namespaces=None if namespaces is None else tuple(namespaces),
         quotas=tuple(rqs + cqs),

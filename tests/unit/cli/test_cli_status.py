@@ -13,6 +13,7 @@ from builders import cluster_quota, resource_quota
 from tally.cli.status import (
     RESOURCE_QUOTA,
     ResourceUse,
+    applied_quota_use,
     binding_cluster_quotas,
     cluster_quota_use,
     resource_quota_use,
@@ -114,6 +115,41 @@ def test_cluster_quota_total_and_the_bound_namespaces_share() -> None:
     # c is selected but uses nothing: the status does not list it.
     assert [("a", {"pods": q("4")}), ("c", {})] == [(s.namespace, dict(s.used)) for s in use.shares]
     assert 3 == use.namespace_count
+
+
+def test_an_applied_cluster_quota_reads_as_its_cluster_quota_with_one_share() -> None:
+    # What tally writes into namespace a of the ClusterQuota above (tally.clusterquota.applied).
+    applied = {
+        "kind": "AppliedClusterQuota",
+        "metadata": {"name": "team", "namespace": "a"},
+        "spec": {"quota": {"hard": {"pods": "10"}, "scopes": ["NotBestEffort"]}},
+        "status": {
+            "total": {"hard": {"pods": "10"}, "used": {"pods": "7"}},
+            "namespace": {"used": {"pods": "4"}},
+            "remaining": {"pods": "3"},
+            "conditions": [{"type": "UsageComputed", "status": "False",
+                            "reason": "EvaluationFailed"}],
+        },
+    }  # fmt: skip
+    use = applied_quota_use(applied)
+    assert (CLUSTER_QUOTA_KIND, "team", ("NotBestEffort",)) == (use.kind, use.title, use.scopes)
+    assert [("pods", q("10"), q("7"))] == [(r.name, r.hard, r.used) for r in use.resources]
+    assert [("a", {"pods": q("4")})] == [(s.namespace, dict(s.used)) for s in use.shares]
+    assert use.namespace_count is None  # not shown to the namespace
+    assert "EvaluationFailed" == use.not_computed
+    assert "" == use.problem
+
+
+def test_the_report_lists_applied_cluster_quotas_after_resource_quotas() -> None:
+    applied = [
+        {"metadata": {"name": n, "namespace": "a"}, "spec": {"quota": {"hard": {"pods": "1"}}}}
+        for n in ("z-shared", "team")
+    ]
+    report = status_report(["a"], [resource_quota("rq", {"pods": "1"}, namespace="a")], [], {},
+                           applied)  # fmt: skip
+    expected = [(RESOURCE_QUOTA, "rq"), (CLUSTER_QUOTA_KIND, "team"),
+                (CLUSTER_QUOTA_KIND, "z-shared")]  # fmt: skip
+    assert expected == [(u.kind, u.name) for u in report.quotas]
 
 
 @pytest.mark.parametrize(
