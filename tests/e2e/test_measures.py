@@ -301,6 +301,21 @@ async def test_a_measure_failing_on_an_existing_object_is_reported_until_it_is_f
         warnings, until=bool, within=30, what="the Warning Event"
     )
 
+    async def in_member() -> list[tuple[str, str, str, str]]:
+        found = await team.core.list_namespaced_event(
+            member, field_selector=f"involvedObject.name={name}"
+        )
+        return [(e.type, e.reason, e.involved_object.kind, e.message) for e in found.items]
+
+    # The namespace whose object failed gets the same Event, about the AppliedClusterQuota its
+    # users read, naming its own object.
+    ((kind, reason, involved, text),) = await eventually(
+        in_member, until=bool, within=30, what="the Warning Event in the namespace"
+    )
+    assert ("Warning", "EvaluationFailed", "AppliedClusterQuota") == (kind, reason, involved)
+    assert text.startswith(f"cluster quota {name}: measure '{replicas}': "), text
+    assert f"{member}/bad" in text, text
+
     # The fix is an update: admitted, and charged the measure's whole new value.
     await judged(team, member)
     await team.custom.patch_namespaced_custom_object(

@@ -152,6 +152,12 @@ class QuotaSystem:
                 api_version=f"{cluster_quotas.GROUP}/{cluster_quotas.VERSION}",
                 component=EVENT_COMPONENT,
             ),
+            namespace_recorder=WarningRecorder(
+                api,
+                kind=applied.KIND,
+                api_version=f"{applied.GROUP}/{applied.VERSION}",
+                component=EVENT_COMPONENT,
+            ),
         )
         # What the people of each selected namespace may read of a ClusterQuota.
         self.applied_controller = AppliedQuotaController(

@@ -110,15 +110,21 @@ class ClusterQuotaController:
         admission_ready: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         recorder: WarningRecorder | None = None,
+        namespace_recorder: WarningRecorder | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``admission_ready``: whether the API server now sends tally's webhook every kind the
         ClusterQuotas name (the registrar's rules are current); a new ClusterQuota's first
         status waits for it, up to :data:`FIRST_STATUS_WAIT_S`. None: never waits.
         ``recorder``: where a ClusterQuota whose usage stopped being computed gets its Warning
-        Event (None: none); ``wall_clock``: the time conditions carry."""
+        Event (None: none); ``namespace_recorder``: where each namespace whose objects it
+        could not compute gets the same Event with that namespace's errors only, about the
+        ClusterQuota's AppliedClusterQuota there (what the namespace's users read: the
+        ClusterQuota's own Event, cluster-scoped, lands in ``default`` and names every
+        namespace's objects); ``wall_clock``: the time conditions carry."""
         self.registry = registry
         self.recorder = recorder
+        self.namespace_recorder = namespace_recorder
         self._wall_clock = wall_clock
         self.admission_ready = admission_ready
         self._clock = clock
@@ -261,10 +267,12 @@ class ClusterQuotaController:
 
     def calculate(
         self, cq: Obj
-    ) -> tuple[dict[str, Quantity], dict[str, dict[str, Quantity]], list[Exception], list[str]]:
-        """(hard, used by selected namespace, evaluator errors, hard names whose kind has no
-        cache yet) as the next status write would carry them; a name an evaluator failed on, or
-        whose kind has no cache, keeps its last observation.
+    ) -> tuple[
+        dict[str, Quantity], dict[str, dict[str, Quantity]], dict[str, list[Exception]], list[str]
+    ]:
+        """(hard, used by selected namespace, evaluator errors by namespace, hard names whose
+        kind has no cache yet) as the next status write would carry them; a name an evaluator
+        failed on, or whose kind has no cache, keeps its last observation.
 
         Raises :class:`cluster.InvalidClusterQuota` for a spec it cannot use.
         """
@@ -282,7 +290,7 @@ class ClusterQuotaController:
             if evaluator.group_resource not in self.stores
             for name in evaluator.matching_resources(hard)
         ]
-        errors: list[Exception] = []
+        errors: dict[str, list[Exception]] = {}
         used_by_namespace: dict[str, dict[str, Quantity]] = {}
         for namespace in self.namespaces.names_in(""):
             if not chosen.matches(self.namespaces.get("", namespace)):
@@ -291,7 +299,7 @@ class ClusterQuotaController:
             try:
                 computed = calculate_usage(objects, hard, scopes, self.registry)
             except UsageError as failed:
-                errors.extend(failed.errors)
+                errors[namespace] = list(failed.errors)
                 computed = dict(failed.usage)
             last = previous.get(namespace, {})
             # A kind without a store yet keeps its last observation, as for ResourceQuotas.
@@ -348,7 +356,7 @@ class ClusterQuotaController:
             return  # nothing computed: asked again shortly
         started = time.monotonic()
         try:
-            hard, used_by_namespace, errors, pending = self.calculate(cq)
+            hard, used_by_namespace, errors_by_namespace, pending = self.calculate(cq)
         except cluster.InvalidClusterQuota as invalid:
             # Refused by the webhook when written; one that got in anyway (webhook down) is
             # reported (its condition, its Event) and otherwise left alone: retrying will not
@@ -356,11 +364,12 @@ class ClusterQuotaController:
             condition = cluster.invalid_spec(cq, str(invalid), self._now())
             await self._write_status(cq, {**(cq.get("status") or {}), "conditions": [condition]})
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
+        errors = [error for found in errors_by_namespace.values() for error in found]
         computed = cluster.usage_computed(
             cq, [str(error) for error in errors], self._now(), pending
         )
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard), [computed])
-        if await self._write_status(cq, status) and first:
+        if await self._write_status(cq, status, errors_by_namespace) and first:
             self.first_syncs.wrote_first(name)
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
@@ -372,9 +381,15 @@ class ClusterQuotaController:
     def _now(self) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
 
-    async def _write_status(self, cq: Obj, status: Mapping[str, Any]) -> bool:
+    async def _write_status(
+        self,
+        cq: Obj,
+        status: Mapping[str, Any],
+        errors_by_namespace: Mapping[str, list[Exception]] | None = None,
+    ) -> bool:
         """Write ``status`` unless ``cq`` has it already (whether it wrote); a ``UsageComputed``
-        condition that turns ``False`` gets its Warning Event once the write has landed."""
+        condition that turns ``False`` gets its Warning Event once the write has landed, and
+        each namespace in ``errors_by_namespace`` one of its own."""
         if status == cq.get("status"):
             return False
         await self.writer.update_status(cq, status)
@@ -382,8 +397,25 @@ class ClusterQuotaController:
         after = cluster.condition({"status": status}, cluster.USAGE_COMPUTED)
         turned = before is None or before.get("status") != "False"
         if after is not None and after.get("status") == "False" and turned:
-            await self._warn(cq, str(after.get("reason")), str(after.get("message")))
+            reason = str(after.get("reason"))
+            await self._warn(cq, reason, str(after.get("message")))
+            for namespace, errors in sorted((errors_by_namespace or {}).items()):
+                await self._warn_namespace(cq, namespace, reason, errors)
         return True
+
+    async def _warn_namespace(
+        self, cq: Obj, namespace: str, reason: str, errors: list[Exception]
+    ) -> None:
+        if self.namespace_recorder is None:
+            return
+        name = cluster.name_of(cq)
+        applied = {"metadata": {"name": name, "namespace": namespace}}
+        message = f"cluster quota {name}: " + "; ".join(str(error) for error in errors)
+        try:
+            await self.namespace_recorder.warn(applied, reason, message)
+        except Exception as error:
+            logger.warning("cluster quota %s: recording a Warning Event in %s failed: %s",
+                           name, namespace, error)  # fmt: skip
 
     async def _warn(self, cq: Obj, reason: str, message: str) -> None:
         if self.recorder is None:

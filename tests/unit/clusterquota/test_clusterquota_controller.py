@@ -218,3 +218,40 @@ async def test_a_spec_that_cannot_be_used_is_reported_in_the_condition_and_an_ev
     with pytest.raises(InvalidClusterQuotaError):
         await controller.sync_cluster_quota({**cq, "status": status})
     assert (1, 1) == (len(writer.writes), len(recorder.warnings))
+
+
+class NamespacedRecorder:
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, str, str, str]] = []
+
+    async def warn(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        metadata = obj["metadata"]
+        self.warnings.append((metadata["namespace"], metadata["name"], reason, message))
+
+
+async def test_each_namespace_gets_an_event_naming_only_its_own_objects() -> None:
+    bad_a = database("bad", None)
+    bad_b = {**database("other", None), "metadata": {**database("other", None)["metadata"],
+                                                    "namespace": "b1"}}  # fmt: skip
+    controller, writer, recorder, _, cq = _measuring([bad_a, bad_b])
+    controller.namespaces.upsert({"metadata": {"name": "b1", "resourceVersion": "1"}})
+    namespaced = NamespacedRecorder()
+    controller.namespace_recorder = namespaced
+    with pytest.raises(UsageError):
+        await controller.sync_cluster_quota(cq)
+    # The ClusterQuota's own Event names both objects; each namespace's, its own only, about
+    # the AppliedClusterQuota (named as the ClusterQuota) there.
+    ((_, _, message),) = recorder.warnings
+    assert "a1/bad" in message
+    assert "b1/other" in message
+    assert [ns_name for ns_name, *_ in namespaced.warnings] == ["a1", "b1"]
+    for namespace, name, reason, text in namespaced.warnings:
+        assert ("team", "EvaluationFailed") == (name, reason)
+        assert text.startswith(f"cluster quota team: measure '{STORAGE}': databases.example.com ")
+        own, other = ("a1/bad", "b1/other") if namespace == "a1" else ("b1/other", "a1/bad")
+        assert own in text
+        assert other not in text
+    # The next sync finds the same: no second Event anywhere.
+    with pytest.raises(UsageError):
+        await controller.sync_cluster_quota({**cq, "status": writer.writes[-1]})
+    assert (1, 2) == (len(recorder.warnings), len(namespaced.warnings))
