@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 CONFORMANCE_ARGS ?=
-BENCHMARKS := usage scale replenish admission podset clusterquota measures measures_admission memory churn
+BENCHMARKS := usage scale replenish admission podset clusterquota applied measures measures_admission memory churn
 
 .PHONY: install binaries helm kwok floor prometheus run test unit e2e conformance bench lint format down clean
 
