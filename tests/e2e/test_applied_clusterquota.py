@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import yaml
 from clusterquota_e2e import APPLIED_PLURAL, GROUP, VERSION, Team
 from kubernetes_asyncio import client
 
@@ -31,6 +34,14 @@ from tally_e2e import ControlPlane, eventually, token_kubeconfig
 
 # The fixtures `cq_crd` and `team`.
 pytest_plugins = ["clusterquota_e2e"]
+
+KUBECTL_TALLY: Final = Path(sys.executable).parent / "kubectl-tally"
+POD: Final = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "would-it-fit"},
+    "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+}
 
 FOLLOW_WITHIN_S: Final = 15.0
 CHARGE_SEEN_WITHIN_S: Final = 5.0
@@ -67,6 +78,15 @@ def kubectl_as(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(plane.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def tally_as(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl tally`` as the user, a pod manifest on stdin (for ``why -f -``)."""
+    return subprocess.run(
+        [str(KUBECTL_TALLY), *args], input=json.dumps(POD),
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -140,6 +160,18 @@ async def test_each_team_reads_its_limits_and_nothing_of_the_other(
                     # namespace names (cq-<id>-1, e2e-cq-<id>-1).
                     whole = rf"(?<![\w.-]){re.escape(secret)}(?![\w.-])"
                     assert re.search(whole, read.stdout) is None, (namespace, kind, secret)
+            # kubectl tally, as the user: every ClusterQuota binding the namespace, from the
+            # applied view (exit 0), and nothing of the other team, in status or why.
+            for args in (("status", "-n", namespace, "-o", "yaml"),
+                         ("why", "-n", namespace, "-f", "-")):  # fmt: skip
+                shown = tally_as(user, *args)
+                for secret in other:
+                    whole = rf"(?<![\w.-]){re.escape(secret)}(?![\w.-])"
+                    assert re.search(whole, shown.stdout + shown.stderr) is None, (args, secret)
+                if args[0] == "status":
+                    assert (0, "") == (shown.returncode, shown.stderr)
+                    quotas = yaml.safe_load(shown.stdout)["quotas"]
+                    assert {q["name"] for q in quotas} == set(expected[(user, namespace)])
         # Nor may it read the other team's namespaces, nor write the view.
         refused = kubectl_as(control_plane, user, "get", "appliedclusterquotas", "-n", other[0])
         assert 1 == refused.returncode
@@ -204,10 +236,22 @@ async def test_the_view_follows_labels_limits_deletions_and_a_watch_sees_a_charg
     await label(api, a2, {"team": team.id})
     await seen(a2, {cq: ("3", "1", "2", "5")}, "a2's view back")
 
-    # The ClusterQuota deleted: no view is left anywhere.
     custom = client.CustomObjectsApi(api)
+
+    # A namespace deleted leaves nothing of the view behind.
+    async def holding() -> set[str]:
+        listed = await custom.list_cluster_custom_object(GROUP, VERSION, APPLIED_PLURAL)
+        return {i["metadata"]["namespace"] for i in listed["items"] if i["metadata"]["name"] == cq}
+
+    assert {a1, a2, b1} == await eventually(holding, until=lambda held: len(held) == 3,
+                                            within=FOLLOW_WITHIN_S, what="three views")  # fmt: skip
+    await client.CoreV1Api(api).delete_namespace(b1)
+    await eventually(holding, until=lambda held: held == {a1, a2}, within=60,
+                     what="the deleted namespace's view gone")  # fmt: skip
+
+    # The ClusterQuota deleted: no view is left anywhere.
     await custom.delete_cluster_custom_object(GROUP, VERSION, "clusterquotas", cq)
-    for namespace in (a1, a2, b1):
+    for namespace in (a1, a2):
 
         async def left(namespace: str = namespace) -> list[str]:
             listed = await custom.list_namespaced_custom_object(

@@ -171,6 +171,9 @@ class QuotaSystem:
             qps=settings.applied_quota_qps,
             resync_period=settings.resync_period,
             metrics_provider=metrics.workqueue,
+            manages=lambda namespace: (
+                not settings.watched_namespaces or namespace in settings.watched_namespaces
+            ),
         )
         self._applied_quotas = settings.applied_quotas
         self.accessor = KubeQuotaAccessor(

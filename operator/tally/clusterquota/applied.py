@@ -191,18 +191,21 @@ class AppliedQuotaController:
         resync_period: float = DEFAULT_RESYNC_PERIOD_S,
         metrics_provider: MetricsProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
+        manages: Callable[[str], bool] = lambda namespace: True,
     ) -> None:
         """``selects(cq, namespace)``: the ClusterQuota controller's selection (the same
         parsed selectors and namespace labels); ``newest``: the ClusterQuota writer's latest
         copy of a cached ClusterQuota (its status written before the watch shows it);
         ``min_interval``: seconds between two writes of one object; ``qps``: writes per second
-        over all of them (0: unlimited)."""
+        over all of them (0: unlimited); ``manages(namespace)``: whether tally watches the
+        namespace (``TALLY_NAMESPACES``): it writes no object where it could not see it."""
         self.cluster_quotas = cluster_quotas
         self.namespaces = namespaces
         self.applied = applied
         """AppliedClusterQuota objects as the API has them, keyed (namespace, name)."""
         self.writer = writer
         self.selects = selects
+        self.manages = manages
         self.newest = newest
         self.min_interval = min_interval
         self._limiter = TokenBucket(qps, max(1, int(qps))) if qps > 0 else None
@@ -279,7 +282,7 @@ class AppliedQuotaController:
         """The object that should be in ``namespace`` for the ClusterQuota ``name``; None when
         it does not exist or does not select the namespace (or the namespace is gone)."""
         cq = self.cluster_quotas.get("", name)
-        if cq is None or self.namespaces.get("", namespace) is None:
+        if cq is None or self.namespaces.get("", namespace) is None or not self.manages(namespace):
             return None
         if self.newest is not None:
             cq = self.newest(cq)

@@ -33,8 +33,10 @@ class KubeAppliedQuotaWriter:
         except client.ApiException as error:
             if error.status == 409:
                 raise Conflict(f"{self._path(body, named=True)}: exists already") from error
-            if error.status == 404:
-                return  # its namespace went meanwhile (or is being deleted)
+            if error.status == 404 or (
+                error.status == 403 and "being terminated" in str(error.body)
+            ):
+                return  # its namespace went meanwhile, or is being deleted
             raise
 
     async def replace(self, existing: Obj, body: Obj) -> None:

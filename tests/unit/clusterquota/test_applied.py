@@ -237,3 +237,13 @@ async def test_an_object_not_owned_by_a_cluster_quota_is_never_deleted() -> None
     controller.queue.add("c-other/hand-made")
     await drain(controller)
     assert [] == writer.calls
+
+
+async def test_no_object_where_tally_does_not_watch() -> None:
+    # TALLY_NAMESPACES: tally could not see an object it wrote outside those namespaces.
+    now = [100.0]
+    controller, writer, *_ = setup(now)
+    controller.manages = lambda namespace: namespace == "a-api"
+    controller.enqueue_all()
+    await drain(controller)
+    assert [("create", "a-api")] == writer.calls
