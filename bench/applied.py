@@ -58,6 +58,7 @@ from _common import (
 )
 from _open_loop import open_loop
 from builders import pod  # tests/e2e/builders.py, put on sys.path by _common
+from tally.quota.quantity import parse_quantity
 
 LABEL = "bench.tally.dev/applied"
 CQ = "bench-applied"
@@ -66,6 +67,11 @@ CQ_PATH = "/apis/tally.dev/v1alpha1/clusterquotas"
 WAIT_S = 300.0
 QUIET_CORES = 0.15
 """Below this many cores for tally, kube-apiserver and etcd together, the plane is quiet."""
+
+
+def count(quantity: str) -> int:
+    """A pod count as the API server writes it ("1k" for 1000)."""
+    return parse_quantity(quantity).nanos // 1_000_000_000
 
 
 class AppliedWatch:
@@ -95,7 +101,7 @@ class AppliedWatch:
                 if own is None or total is None:
                     continue
                 namespace = obj["metadata"]["namespace"]
-                self.events.append((arrived, namespace, int(own), int(total)))
+                self.events.append((arrived, namespace, count(own), count(total)))
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -140,6 +146,9 @@ async def settled(watcher: AppliedWatch, names: list[str], total: int, since: fl
     for _ in range(int(WAIT_S / 0.5)):
         if total_staleness(watcher.events, names, total, since) is not None:
             return
+        if watcher.task is not None and watcher.task.done():
+            watcher.task.result()  # its failure, not a five-minute wait
+            raise RuntimeError("the AppliedClusterQuota watch ended")
         await asyncio.sleep(0.5)
 
 
@@ -273,8 +282,8 @@ async def measure_phase(
         result.update(burst)
         if applied:
             events = watcher.events[before_events:]
-            total = int((((await raw.call("GET", f"{CQ_PATH}/{CQ}")).get("status") or {})
-                         .get("total") or {}).get("used", {}).get("pods", "0"))  # fmt: skip
+            total = count((((await raw.call("GET", f"{CQ_PATH}/{CQ}")).get("status") or {})
+                           .get("total") or {}).get("used", {}).get("pods", "0"))  # fmt: skip
             await settled(watcher, names, total, burst["last_answer"])
             events = watcher.events[before_events:]
             window = [at for at, *_ in events if burst["started"] <= at <= burst["last_answer"]]

@@ -12,14 +12,17 @@ namespace's name, share or count. The built-in ``view`` role reads them (the man
 aggregated ClusterRole); nobody but tally writes them.
 
 Objects tally writes, rather than an API tally would serve through the aggregation layer: they
-stay readable (stale, and saying since when) while tally is down, where an aggregated API
+stay readable (as last written) while tally is down, where an aggregated API
 would be unavailable and, with it, discovery, so that the namespace controller and the
 garbage collector stall cluster-wide until it is back; ``get``, ``-w``, ``-o yaml``, table
 columns and RBAC then come from the API server as for any kind. Their cost is writes: each
 charge moves the total every applied object shows. :class:`AppliedQuotaController` bounds it:
 one object is written at most once per ``min_interval`` (a burst of charges is one write per
 object per interval, showing the latest total), all of them at most ``qps`` per second, and a
-write happens only when what the object shows changed.
+write happens only when what the object shows changed. A namespace whose own share moved is
+written first: refreshes that carry only a new total have a queue and workers of their own, so
+under a burst over many namespaces a namespace's own charge does not wait behind the others'
+totals.
 
 An owner reference to the ClusterQuota lets the garbage collector remove its applied objects
 when it is deleted, tally running or not; a namespace's are deleted with it.
@@ -61,6 +64,8 @@ OWNER_KIND: Final = "ClusterQuota"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "tally"}
 
 QUEUE: Final = "appliedclusterquota"
+BACKGROUND_QUEUE: Final = "appliedclusterquota-total"
+BUSY_RETRY_S: Final = 0.1
 DEFAULT_WORKERS: Final = 2
 DEFAULT_MIN_INTERVAL_S: Final = 1.0
 DEFAULT_QPS: Final = 50.0
@@ -218,30 +223,58 @@ class AppliedQuotaController:
         self._pool = WorkerPool(
             self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
         )
+        # Refreshes of objects whose namespace's own share did not change (only the total
+        # moved): their own queue and workers, so that a burst of charges under a ClusterQuota
+        # over many namespaces never makes a namespace's own charge wait behind a thousand
+        # other namespaces' totals. Both pools take their tokens from the one bucket.
+        self.background: RateLimitingQueue[str] = RateLimitingQueue(
+            default_controller_rate_limiter(), name=BACKGROUND_QUEUE,
+            metrics_provider=metrics_provider,
+        )  # fmt: skip
+        self._background_pool = WorkerPool(
+            self.background, self._sync_background, workers=workers, name=BACKGROUND_QUEUE,
+            expected=(Conflict,),
+        )  # fmt: skip
+        self._busy: set[str] = set()
+        """Keys being synced: one key is never synced by both pools at once."""
         self._resync = Periodic(
             self.enqueue_all, resync_period, name="appliedclusterquota-resync", logger=logger
         )
 
     # -- event handlers: work out keys, enqueue
 
-    def _enqueue(self, key: str) -> None:
-        """Now, or once ``min_interval`` has passed since the key's last write."""
+    def _enqueue(self, key: str, *, background: bool = False) -> None:
+        """Now, or once ``min_interval`` has passed since the key's last write; on the
+        background queue when only the total it shows moved."""
+        queue = self.background if background else self.queue
         wait = self._written.get(key, -self.min_interval) + self.min_interval - self._clock()
         if wait > 0:
-            self.queue.add_after(key, wait)
+            queue.add_after(key, wait)
         else:
-            self.queue.add(key)
+            queue.add(key)
 
     def on_cluster_quota(self, change: Change[Obj]) -> None:
         """Every namespace the ClusterQuota selects, and every one holding its applied object
-        (a ClusterQuota that stops selecting a namespace leaves one to delete)."""
+        (a ClusterQuota that stops selecting a namespace leaves one to delete). A status
+        write that moved only the total is a background refresh for the namespaces whose own
+        share it left as it was."""
         namespaces = set(self._holding(change.name))
         if change.new is not None:
             namespaces.update(
                 ns for ns in self.namespaces.names_in("") if self.selects(change.new, ns)
             )
+        old, new = change.old, change.new
+        status_only = (
+            change.kind is ChangeKind.UPDATED
+            and old is not None
+            and new is not None
+            and old.get("spec") == new.get("spec")
+        )
+        before = cluster.namespace_used(old) if status_only and old is not None else {}
+        after = cluster.namespace_used(new) if status_only and new is not None else {}
         for namespace in namespaces:
-            self._enqueue(_key(namespace, change.name))
+            same_share = status_only and before.get(namespace) == after.get(namespace)
+            self._enqueue(_key(namespace, change.name), background=same_share)
 
     def on_namespace(self, change: Change[Obj]) -> None:
         """A namespace appeared, was relabelled or went: its applied objects follow."""
@@ -291,6 +324,22 @@ class AppliedQuotaController:
         return applied_object(cq, namespace)
 
     async def _sync_key(self, key: str) -> None:
+        await self._sync_once(key, self.queue)
+
+    async def _sync_background(self, key: str) -> None:
+        await self._sync_once(key, self.background)
+
+    async def _sync_once(self, key: str, queue: RateLimitingQueue[str]) -> None:
+        if key in self._busy:
+            queue.add_after(key, BUSY_RETRY_S)  # the other pool has it: look again after
+            return
+        self._busy.add(key)
+        try:
+            await self._sync(key)
+        finally:
+            self._busy.discard(key)
+
+    async def _sync(self, key: str) -> None:
         namespace, _, name = key.partition("/")
         existing = self.applied.get(namespace, name)
         desired = self.desired(namespace, name)
@@ -317,8 +366,10 @@ class AppliedQuotaController:
 
     def start(self) -> None:
         self._pool.start()
+        self._background_pool.start()
         self._resync.start()
 
     async def stop(self, grace_period: float = DEFAULT_STOP_TIMEOUT) -> None:
         await self._resync.stop()
         await self._pool.stop(grace_period=grace_period)
+        await self._background_pool.stop(grace_period=grace_period)

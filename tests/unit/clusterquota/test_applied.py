@@ -160,10 +160,13 @@ def setup(
 
 
 async def drain(controller: AppliedQuotaController) -> None:
-    while len(controller.queue):
-        key = await controller.queue.get()
-        await controller._sync_key(key)
-        controller.queue.done(key)
+    """Every key ready on either queue, synced (the workers' part, in order)."""
+    while len(controller.queue) or len(controller.background):
+        for queue in (controller.queue, controller.background):
+            if len(queue):
+                key = await queue.get()
+                await controller._sync_key(key)
+                queue.done(key)
 
 
 async def test_one_object_per_selected_namespace_and_none_elsewhere() -> None:
@@ -247,3 +250,20 @@ async def test_no_object_where_tally_does_not_watch() -> None:
     controller.enqueue_all()
     await drain(controller)
     assert [("create", "a-api")] == writer.calls
+
+
+async def test_a_charge_elsewhere_is_a_background_refresh_and_one_here_comes_first() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, _, cluster_quotas, _, _ = setup(now, current)
+    # A charge in a-api: its own share moves; a-web (selected, using nothing) sees only the
+    # total move.
+    charged = json.loads(json.dumps(STATUS))
+    charged["total"]["used"]["pods"] = "8"
+    charged["namespaces"][0]["status"]["used"]["pods"] = "3"
+    new = cq(charged, version="8")
+    cluster_quotas.upsert(new)
+    controller.on_cluster_quota(Change("", "shared", cq(STATUS), new, ChangeKind.UPDATED))
+    assert (1, 1) == (len(controller.queue), len(controller.background))
+    assert "a-api/shared" == await controller.queue.get()
+    assert "a-web/shared" == await controller.background.get()
