@@ -286,11 +286,16 @@ class AppliedQuotaController:
 
     def on_applied(self, change: Change[Obj]) -> None:
         """An applied object changed or went (tally's own write, or someone else's): checked
-        again, so that one edited or deleted by hand shows the ClusterQuota again."""
+        again, so that one edited or deleted by hand shows the ClusterQuota again. A deletion
+        at once; a change as a background refresh, within the interval: most are the echoes of
+        tally's own writes, and one that found the total moved again meanwhile must not jump
+        ahead of a namespace's own charge."""
         key = _key(change.namespace, change.name)
         if change.kind is ChangeKind.DELETED:
             self._written.pop(key, None)
-        self.queue.add(key)
+            self.queue.add(key)
+        else:
+            self._enqueue(key, background=True)
 
     def enqueue_all(self) -> None:
         keys = {_key(ns, name) for ns, name in self._applied_keys()}

@@ -267,3 +267,15 @@ async def test_a_charge_elsewhere_is_a_background_refresh_and_one_here_comes_fir
     assert (1, 1) == (len(controller.queue), len(controller.background))
     assert "a-api/shared" == await controller.queue.get()
     assert "a-web/shared" == await controller.background.get()
+
+
+async def test_an_echo_of_a_write_waits_as_a_background_refresh_and_a_deletion_does_not() -> None:
+    now = [100.0]
+    obj = applied_object(cq(STATUS), "a-api")
+    controller, *_ = setup(now, [obj])
+    controller._written["a-api/shared"] = 100.0  # written just now
+    controller.on_applied(Change("a-api", "shared", obj, obj, ChangeKind.UPDATED))
+    # Not at once on either queue: a delayed add on the background one, within the interval.
+    assert (0, 0) == (len(controller.queue), len(controller.background))
+    controller.on_applied(Change("a-api", "shared", obj, None, ChangeKind.DELETED))
+    assert (1, 0) == (len(controller.queue), len(controller.background))
