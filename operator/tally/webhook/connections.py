@@ -36,6 +36,14 @@ every open connection has a request in progress is the new one closed, before it
 A connection closed to make room or for a timeout is aborted: it has no request in progress and
 nothing left to send.
 
+"No request in progress" is judged by what has arrived, not only by what the handler began: a
+connection whose request head is complete (its handler starts a loop turn later) or whose socket
+holds bytes the loop has not read yet (a loop busy with watch events reads them late) is never
+the one closed to make room. The API server may just have written a review on it, and Go's
+client does not send a POST again once its bytes were written: closing it would refuse a create
+no quota refused. A peer that only ever sends part of a head stays closable: its bytes are read
+at the loop's next turn and it has no complete head.
+
 What this relies on in aiohttp: ``BaseRunner.server``, documented as a protocol factory for
 ``create_server``; ``BaseSite.start``/``stop`` registering the site with its runner; and
 ``request.transport`` being the transport the protocol was given (the connection guard finds
@@ -52,9 +60,12 @@ import asyncio
 import collections
 import contextlib
 import enum
+import fcntl
 import logging
 import socket
 import ssl
+import struct
+import termios
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -66,6 +77,9 @@ logger = logging.getLogger(__name__)
 
 REPORT_PERIOD_S: Final = 60.0
 """At most one warning this often about connections closed to make room or refused."""
+
+END_OF_HEAD: Final = b"\r\n\r\n"
+"""What ends an HTTP/1.1 request head."""
 
 
 class _State(enum.Enum):
@@ -90,6 +104,11 @@ class _Connection(asyncio.Protocol):
         """Requests in progress (between the end of their head and their response written)."""
         self.head_started = False
         """Bytes of a request arrived while none was in progress."""
+        self.head_complete = False
+        """The head of a request not yet in progress arrived whole: its handler is about to
+        begin."""
+        self._head_tail = b""
+        """The last bytes of a head still arriving, for an end split between two reads."""
         self.timer: asyncio.TimerHandle | None = None
         self._early: list[bytes] = []
         self._handshake: asyncio.Task[None] | None = None
@@ -156,9 +175,16 @@ class _Connection(asyncio.Protocol):
             # TLS delivers what came with the end of the handshake before start_tls returns.
             self._early.append(data)
             return
-        if not self.serving and not self.head_started and self.state is _State.OPEN:
-            self.head_started = True
-            self._guard.head_started(self)
+        if not self.serving and self.state is _State.OPEN and not self.head_complete:
+            if not self.head_started:
+                self.head_started = True
+                self._guard.head_started(self)
+            keep = len(END_OF_HEAD) - 1
+            if END_OF_HEAD in data or END_OF_HEAD in self._head_tail + data[:keep]:
+                self.head_complete = True
+                self._head_tail = b""
+            else:
+                self._head_tail = (self._head_tail + data[-keep:])[-keep:]
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -177,6 +203,25 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+
+    def request_began(self) -> None:
+        """Its handler took the request over: the next bytes start a new head."""
+        self.head_started = self.head_complete = False
+        self._head_tail = b""
+
+    def request_arriving(self) -> bool:
+        """Whether a request may be on its way on this connection, though none is in progress:
+        its head arrived whole, or its socket holds bytes the loop has not read yet."""
+        if self.head_complete:
+            return True
+        sock = self.raw.get_extra_info("socket") if self.raw is not None else None
+        if sock is None:
+            return False
+        try:
+            unread = fcntl.ioctl(sock.fileno(), termios.FIONREAD, struct.pack("i", 0))
+        except OSError:
+            return False  # closed under us: nothing arrives on it any more
+        return bool(struct.unpack("i", unread)[0])
 
     def abort(self) -> None:
         self.state = _State.CLOSED
@@ -228,7 +273,7 @@ class ConnectionGuard:
         """Room for one more, closing the longest idle if needed; False: every open connection
         is serving a request."""
         if len(self._open) >= self.limits.max_connections:
-            victim = next(iter(self._idle), None)
+            victim = self._longest_idle()
             if victim is None:
                 self._refused += 1
                 self._report()
@@ -240,6 +285,14 @@ class ConnectionGuard:
         self._open[connection] = None
         self._idle[connection] = None
         return True
+
+    def _longest_idle(self) -> _Connection | None:
+        """The connection idle the longest on which no request is arriving (module
+        docstring); None when there is none."""
+        for connection in self._idle:
+            if not connection.request_arriving():
+                return connection
+        return None
 
     def opened(self, connection: _Connection) -> None:
         """The handshake is done: wait for a request."""
@@ -257,7 +310,7 @@ class ConnectionGuard:
         if connection is None:
             return None
         connection.serving += 1
-        connection.head_started = False
+        connection.request_began()
         self._idle.pop(connection, None)
         self._disarm(connection)
         return connection

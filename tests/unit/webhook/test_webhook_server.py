@@ -528,6 +528,87 @@ async def test_a_connection_closed_to_make_room_is_shut_before_the_loops_next_tu
         guard.close_handshakes()
 
 
+async def test_at_the_cap_a_connection_with_unread_bytes_is_not_the_one_closed() -> None:
+    # The API server's pooled connection, idle the longest, may just have carried a review the
+    # loop has not read yet (it is busy): closing it would fail that create, as Go's client does
+    # not send a POST again once written. The next idle one makes room instead.
+    guard = ConnectionGuard(
+        WebhookLimits(max_connections=2),
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH),
+        asyncio.Protocol,
+    )
+    listener = await asyncio.get_running_loop().create_server(guard.accept, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    older = socket.create_connection(("127.0.0.1", port))
+    newer = None
+    try:
+        await _eventually(lambda: len(guard) == 1, "the older connection accepted")
+        await asyncio.sleep(0.05)
+        newer = socket.create_connection(("127.0.0.1", port))
+        await _eventually(lambda: len(guard) == 2, "the newer connection accepted")
+        for peer in (older, newer):
+            peer.setblocking(False)
+        older.send(b"\x16\x03\x01")  # arrives now; read at the loop's next turn
+        guard.accept()  # the next accepted socket's protocol, before that turn
+        assert newer.recv(1) == b""  # closed to make room
+        with pytest.raises(BlockingIOError):
+            older.recv(1)  # still open
+    finally:
+        older.close()
+        if newer is not None:
+            newer.close()
+        listener.close()
+        guard.close_handshakes()
+
+
+class _Unbegun(asyncio.Protocol):
+    """aiohttp's protocol as it is between a request head's arrival and its handler's start:
+    holding the bytes, nobody told the guard yet."""
+
+    def __init__(self) -> None:
+        self.received = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+
+
+async def test_at_the_cap_a_connection_whose_request_head_arrived_is_not_the_one_closed() -> None:
+    server_context, material = loopback_tls()
+    made: list[_Unbegun] = []
+
+    def make() -> asyncio.Protocol:
+        made.append(_Unbegun())
+        return made[-1]
+
+    guard = ConnectionGuard(WebhookLimits(max_connections=2), server_context, make)
+    listener = await asyncio.get_running_loop().create_server(guard.accept, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    context = ssl.create_default_context(cadata=material.ca_bundle.decode())
+    writers = []
+    try:
+        older, older_writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writers.append(older_writer)
+        older_writer.write(b"POST /quota HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        older_writer.write(b"Content-Length: 0\r\n\r\n")
+        await _eventually(
+            lambda: len(made) == 1 and made[0].received.endswith(b"\r\n\r\n"),
+            "the older connection's head arrived",
+        )
+        newer, newer_writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writers.append(newer_writer)
+        await _eventually(lambda: len(made) == 2, "the newer connection's handshake done")
+        _, third_writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writers.append(third_writer)
+        assert await _closed_within(newer, PATIENCE_S)
+        assert not await _closed_within(older, 0.2)
+        assert len(guard) == 2
+    finally:
+        for writer in writers:
+            writer.close()
+        listener.close()
+        guard.close_handshakes()
+
+
 async def test_at_the_cap_with_every_connection_serving_the_new_one_is_closed() -> None:
     gate = Gate()
     async with serving({"quota": gate}, WebhookLimits(max_connections=2)) as s:
