@@ -6,10 +6,15 @@ requests those are (objects labelled ``deny: "true"`` by default) and its ``rule
 kinds and operations. The API server calls it in parallel with tally's webhook, so tally has
 already charged a request when this one refuses it: the case upstream's quota plugin, which
 runs last in the admission chain, never meets.
+
+With ``allow=True`` and a ``delay`` it is a slow policy that admits (an image scanner, a
+signature check): the API server stores the object only once it answered, ``delay`` seconds
+after tally judged it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import ssl
@@ -49,29 +54,32 @@ class PolicyWebhook:
         rules: list[dict[str, Any]],
         *,
         labels: dict[str, str] | None = None,
+        allow: bool = False,
+        delay: float = 0.0,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.rules = rules
         self.labels = labels if labels is not None else {"deny": "true"}
+        self.allow = allow
+        self.delay = delay
         self.name = f"e2e-policy-{uuid.uuid4().hex[:8]}"
         self.refused: list[dict[str, Any]] = []
         """The AdmissionReview requests refused so far."""
+        self.allowed: list[dict[str, Any]] = []
+        """The AdmissionReview requests allowed so far (``allow=True``)."""
         self._runner: web.AppRunner | None = None
 
     async def _review(self, request: web.Request) -> web.Response:
         review = await request.json()
-        self.refused.append(review["request"])
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        (self.allowed if self.allow else self.refused).append(review["request"])
+        answer: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": self.allow}
+        if not self.allow:
+            answer["status"] = {"code": 403, "message": REFUSAL}
         return web.json_response(
-            {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "response": {
-                    "uid": review["request"]["uid"],
-                    "allowed": False,
-                    "status": {"code": 403, "message": REFUSAL},
-                },
-            }
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer}
         )
 
     async def __aenter__(self) -> PolicyWebhook:

@@ -8,6 +8,7 @@ counts it); the differential test compares with upstream itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -25,6 +26,7 @@ from clusterquota_e2e import (
     wait_for_status,
 )
 from kubernetes_asyncio import client
+from policy_webhook import PolicyWebhook
 
 from tally_e2e import eventually
 
@@ -116,6 +118,58 @@ async def test_selection_follows_labels_deletions_and_spec_changes(team: Team) -
     await team.core.delete_namespace(second)
     await eventually(used, until=lambda u: list(u[1]) == [first], within=60,
                      what="the deleted namespace gone")  # fmt: skip
+
+
+RELABEL_ROUNDS = 4
+CREATES_WITH_A_RELABEL = 6
+POLICY_DELAY_S = 1.5
+"""How long the slow policy webhook holds each pod create after tally judged it."""
+RELABEL_AFTER_S = 0.5
+"""The relabel comes this long after the creates: tally has judged them all by the old labels,
+and the policy still holds them."""
+COUNTED_WITHIN_S = 10.0
+"""Far under the full resync (300 s): only a recalculation started by the creates themselves
+counts them this soon."""
+POD_CREATES = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+]
+
+
+async def test_creates_judged_by_labels_a_relabel_then_changes_are_counted_within_seconds(
+    team: Team,
+) -> None:
+    # Pods judged by tally, then held by a slow policy webhook while their namespace is
+    # relabelled into or out of the ClusterQuota: charged by the old labels (to nothing, or to
+    # the ClusterQuota the namespace leaves), stored after the sync the relabelling started.
+    # The status must still equal what a LIST shows within seconds, not at the next resync.
+    member = await team.namespace()
+    moving = await team.namespace(member=False)
+    name = await team.cluster_quota({"pods": "1000"})
+    await team.pod(member, "anchor")
+    await wait_for_status(team, name, {"pods": "1"}, pods_used({member: 1}), what="the start")
+    slow = PolicyWebhook(team.api, moving, POD_CREATES, labels={}, allow=True,
+                         delay=POLICY_DELAY_S)  # fmt: skip
+    async with slow:
+        for round_ in range(RELABEL_ROUNDS):
+            joins = round_ % 2 == 0
+            creates = [
+                asyncio.create_task(team.pod(moving, f"r{round_}-{index}", cpu="1m"))
+                for index in range(CREATES_WITH_A_RELABEL)
+            ]
+            await asyncio.sleep(RELABEL_AFTER_S)
+            label = team.id if joins else "other"
+            await team.core.patch_namespace(moving, {"metadata": {"labels": {"team": label}}})
+            await asyncio.gather(*creates)
+            pods = await team.pod_names([member, moving])
+            selected = {member: len(pods[member])}
+            if joins:
+                selected[moving] = len(pods[moving])
+            await wait_for_status(
+                team, name, {"pods": str(sum(selected.values()))}, pods_used(selected),
+                within=COUNTED_WITHIN_S, what=f"round {round_}: the pods counted",
+            )  # fmt: skip
+    # Every create of every round went through the slow policy.
+    assert RELABEL_ROUNDS * CREATES_WITH_A_RELABEL == len(slow.allowed)
 
 
 @pytest.mark.parametrize("round_", range(3))

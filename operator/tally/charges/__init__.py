@@ -19,7 +19,8 @@ admission's write of a quota's status is in flight, that quota's recalculation w
 
 Owns: :class:`ChargeLedger` and its expiry loop, what the API's answer about a charge's object
 means (:mod:`~tally.charges.verification`), :class:`FirstSyncs` (quotas whose first
-status was just written, which creations admitted before it may still reach) and
+status was just written, which creations admitted before it may still reach; on
+:class:`RecentKeys`, which ClusterQuotas' changed selections use too) and
 :mod:`~tally.charges.own_writes` (this process's status writes told from other replicas',
 whose raises are held as their charges). Imports only the
 pure core (resource lists, group/resources); admission records charges, the informers' handlers
@@ -27,7 +28,7 @@ confirm them, the quota controller reads what they hold and the verifier
 (:mod:`tally.kube.charge_verifier`) answers the ledger's questions, each through this package.
 """
 
-from tally.charges.first_syncs import FirstSyncs
+from tally.charges.first_syncs import FirstSyncs, RecentKeys
 from tally.charges.ledger import (
     Charge,
     ChargeLedger,
@@ -50,6 +51,7 @@ __all__ = [
     "NoopChargeMetrics",
     "ObjectRef",
     "ObjectVersion",
+    "RecentKeys",
     "ReleaseReason",
     "Unanswered",
     "Verify",

@@ -9,6 +9,12 @@ follow, or the quota stays short of it until the next full resync and admission 
 the limit. The quota controllers mark each first write here and, on a creation they did not see
 charged, recalculate a quota first written within ``window`` seconds (the charge confirmation
 timeout: how long an admitted object may take to reach the caches).
+
+The same holds for a ClusterQuota whose selection of a namespace just changed (relabelled, created,
+a new selector): a create admitted by a webhook that judged by the old selection was charged to
+the ClusterQuotas that selected the namespace before, and the recalculation the change started
+may have run before the object reached the caches. :class:`RecentKeys` is the structure both
+use: keys noted within the last ``window`` seconds.
 """
 
 from __future__ import annotations
@@ -20,21 +26,21 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 
 
-class FirstSyncs(Generic[K]):
-    """When each quota's first status was written, for ``window`` seconds."""
+class RecentKeys(Generic[K]):
+    """Keys noted within the last ``window`` seconds."""
 
     def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
         self._clock = clock
         self._at: dict[K, float] = {}
 
-    def wrote_first(self, key: K) -> None:
+    def note(self, key: K) -> None:
         self._prune()
-        self._at.pop(key, None)  # re-added last: insertion order stays write order
+        self._at.pop(key, None)  # re-added last: insertion order stays time order
         self._at[key] = self._clock()
 
     def recent(self, key: K) -> bool:
-        """Whether ``key``'s first status was written within the window."""
+        """Whether ``key`` was noted within the window."""
         self._prune()
         return key in self._at
 
@@ -46,9 +52,16 @@ class FirstSyncs(Generic[K]):
         return len(self._at)
 
     def _prune(self) -> None:
-        # Insertion order is write order: the oldest first.
+        # Insertion order is time order: the oldest first.
         horizon = self._clock() - self.window
         for key, at in list(self._at.items()):
             if at > horizon:
                 break
             del self._at[key]
+
+
+class FirstSyncs(RecentKeys[K]):
+    """When each quota's first status was written, for ``window`` seconds."""
+
+    def wrote_first(self, key: K) -> None:
+        self.note(key)

@@ -12,7 +12,10 @@ What enqueues a ClusterQuota:
 * a namespace that starts or stops matching its selector (created, labels changed, deleted);
 * replenishment in a namespace it selects, by the same rules as a ResourceQuota's
   (:mod:`tally.resourcequota.replenishment`): deletions, usage-lowering updates, creations
-  admission did not charge;
+  admission did not charge, and every creation in a namespace whose selection by it changed
+  within the charge confirmation timeout (admission may have judged that create by the old
+  selection: charged to the ClusterQuotas the namespace left, to none of those it joined,
+  and the sync the change started may have run before the object reached the caches);
 * a released charge (:mod:`tally.charges`), and the full resync.
 
 When an evaluator fails on an object (a measure whose expression fails on it), the sync still
@@ -37,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from tally.charges import ChargeLedger, FirstSyncs, hold_pending
+from tally.charges import ChargeLedger, FirstSyncs, RecentKeys, hold_pending
 from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally.clusterquota import quota as cluster
 from tally.clusterquota.measures import measure_specs
@@ -145,6 +148,11 @@ class ClusterQuotaController:
             charges.timeout if charges is not None else DEFAULT_TIMEOUT_S
         )
         """ClusterQuotas whose first status was just written (see :meth:`replenish`)."""
+        self.selection_changes: RecentKeys[tuple[str, str]] = RecentKeys(
+            self.first_syncs.window, clock
+        )
+        """(ClusterQuota, namespace) pairs whose selection changed lately, namespace ``""``
+        for a changed selector (see :meth:`replenish`)."""
         self.newest = newest
         self.observer = observer
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
@@ -204,10 +212,14 @@ class ClusterQuotaController:
                 for namespace in self.namespaces.names_in(""):
                     self.charges.forget_quota(cluster_quota_key(namespace, change.name))
             return
-        if change.kind is ChangeKind.UPDATED and (change.old or {}).get("spec") == (
-            change.new or {}
-        ).get("spec"):
+        old_spec = (change.old or {}).get("spec")
+        new_spec = (change.new or {}).get("spec")
+        if change.kind is ChangeKind.UPDATED and old_spec == new_spec:
             return  # a status write: ours, or corrected at the next resync
+        if change.kind is ChangeKind.UPDATED and _selector_source(old_spec) != _selector_source(
+            new_spec
+        ):
+            self.selection_changes.note((change.name, ""))
         self.queue.add(change.name)
 
     def enqueue_naming(self, gr: GroupResource) -> None:
@@ -226,27 +238,39 @@ class ClusterQuotaController:
             before = change.old is not None and chosen.matches(change.old)
             after = change.new is not None and chosen.matches(change.new)
             if before != after:
-                self.queue.add(cluster.name_of(cq))
+                name = cluster.name_of(cq)
+                self.selection_changes.note((name, change.name))
+                self.queue.add(name)
 
     def replenish(
         self, group_resource: GroupResource, namespace: str, *, unsynced_only: bool = False
     ) -> None:
         """Usage of ``group_resource`` in ``namespace`` may have changed (the ResourceQuota
-        controller's ``replenish``, for the ClusterQuotas selecting the namespace)."""
+        controller's ``replenish``, for the ClusterQuotas selecting the namespace).
+
+        ``unsynced_only`` (a creation admission charges): only ClusterQuotas whose first status
+        was just written, or whose selection of ``namespace`` just changed; admission charged
+        the others. A ClusterQuota that just stopped selecting ``namespace`` is recalculated
+        too: admission may have charged it by the old selection."""
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
             return
         for cq in self._all():
-            if not self.selects(cq, namespace):
+            name = cluster.name_of(cq)
+            reselected = self.selection_changes.recent(
+                (name, namespace)
+            ) or self.selection_changes.recent((name, ""))
+            if not reselected and not self.selects(cq, namespace):
                 continue
             current = self._newest(cq)
             status_hard = cluster.status_total(current, "hard")
             if (
                 unsynced_only
                 and status_hard is not None
-                and not self.first_syncs.recent(cluster.name_of(cq))
+                and not self.first_syncs.recent(name)
+                and not reselected
             ):
-                continue  # counted since; a first count just written may have missed it
+                continue  # charged by admission, which judged by the selection we have
             names = list(status_hard or (cluster.spec_quota(current).get("hard") or {}))
             if evaluator.matching_resources(names):
                 self.queue.add(cluster.name_of(cq))
@@ -441,6 +465,10 @@ class ClusterQuotaController:
 
 class InvalidClusterQuotaError(ValueError):
     """A ClusterQuota whose spec cannot be used (the sync reports it and goes on)."""
+
+
+def _selector_source(spec: Any) -> Any:
+    return spec.get("namespaceSelector") if isinstance(spec, Mapping) else None
 
 
 def namespace_labels(obj: Obj) -> dict[str, str]:

@@ -3,6 +3,7 @@ a measure failing on an existing object shows in the UsageComputed condition and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -255,3 +256,88 @@ async def test_each_namespace_gets_an_event_naming_only_its_own_objects() -> Non
     with pytest.raises(UsageError):
         await controller.sync_cluster_quota({**cq, "status": writer.writes[-1]})
     assert (1, 2) == (len(recorder.warnings), len(namespaced.warnings))
+
+
+# -- creations admitted by a selection that has just changed
+
+
+async def _drain(controller: ClusterQuotaController) -> list[str]:
+    taken = []
+    while len(controller.queue):
+        item = await controller.queue.get()
+        controller.queue.done(item)
+        taken.append(item)
+    return taken
+
+
+_VERSIONS = itertools.count(100)
+
+
+def _relabel(controller: ClusterQuotaController, name: str, team: str) -> None:
+    metadata = {"name": name, "labels": {"team": team}, "resourceVersion": str(next(_VERSIONS))}
+    change = controller.namespaces.upsert({"metadata": metadata})
+    assert change is not None
+    controller.on_namespace(change)
+
+
+SYNCED = {"total": {"hard": {"pods": "2"}, "used": {"pods": "0"}}, "namespaces": []}
+
+
+async def test_a_create_in_a_namespace_that_just_joined_recalculates_the_cluster_quota() -> None:
+    # The namespace was relabelled into the ClusterQuota while its pod was being created: the
+    # webhook judged the create by the old labels (charged to nobody here), and the sync the
+    # relabelling started may have run before the pod reached the caches. Without this, the
+    # ClusterQuota stays one pod short until the full resync, minutes later.
+    now = [100.0]
+    controller, _, _ = _controller([True], now, SYNCED)
+    controller.namespaces.upsert({"metadata": {"name": "b1", "labels": {"team": "b"}}})
+    _relabel(controller, "b1", "a")
+    assert ["team"] == await _drain(controller)  # the relabelling's own sync
+    controller.replenish(PODS, "b1", unsynced_only=True)
+    assert ["team"] == await _drain(controller)
+    # A namespace selected all along: its creations were charged by admission.
+    controller.replenish(PODS, "a1", unsynced_only=True)
+    assert [] == await _drain(controller)
+    # Past the charge confirmation timeout a create in b1 was judged by the new labels.
+    now[0] += controller.first_syncs.window + 0.1
+    controller.replenish(PODS, "b1", unsynced_only=True)
+    assert [] == await _drain(controller)
+
+
+async def test_a_create_in_a_namespace_that_just_left_recalculates_the_cluster_quota() -> None:
+    # Judged by the old labels, the create was charged to this ClusterQuota, which no longer
+    # selects the namespace: recalculated, it counts the namespace out.
+    now = [100.0]
+    controller, _, _ = _controller([True], now, SYNCED)
+    _relabel(controller, "a1", "b")
+    assert ["team"] == await _drain(controller)
+    controller.replenish(PODS, "a1", unsynced_only=True)
+    assert ["team"] == await _drain(controller)
+    now[0] += controller.first_syncs.window + 0.1
+    controller.replenish(PODS, "a1", unsynced_only=True)
+    assert [] == await _drain(controller)
+
+
+async def test_a_create_anywhere_just_after_a_selector_change_recalculates() -> None:
+    now = [100.0]
+    controller, _, cq = _controller([True], now, SYNCED)
+    team_b = {"matchLabels": {"team": "b"}}
+    changed = {**cq, "metadata": {**cq["metadata"], "resourceVersion": "8"},
+               "spec": {**cq["spec"], "namespaceSelector": team_b}}  # fmt: skip
+    change = controller.cluster_quotas.upsert(changed)
+    assert change is not None
+    controller.on_cluster_quota(change)
+    assert ["team"] == await _drain(controller)
+    controller.namespaces.upsert({"metadata": {"name": "b1", "labels": {"team": "b"}}})
+    controller.replenish(PODS, "b1", unsynced_only=True)
+    assert ["team"] == await _drain(controller)
+    # A change of hard only changes no selection.
+    now[0] += controller.first_syncs.window + 0.1
+    hard_only = {**changed, "metadata": {**cq["metadata"], "resourceVersion": "9"},
+                 "spec": {**changed["spec"], "quota": {"hard": {"pods": "3"}}}}  # fmt: skip
+    change = controller.cluster_quotas.upsert(hard_only)
+    assert change is not None
+    controller.on_cluster_quota(change)
+    assert ["team"] == await _drain(controller)
+    controller.replenish(PODS, "b1", unsynced_only=True)
+    assert [] == await _drain(controller)
