@@ -28,6 +28,7 @@ from clusterquota_e2e import (
 from kubernetes_asyncio import client
 from policy_webhook import PolicyWebhook
 
+from tally.charges.ledger import DEFAULT_TIMEOUT_S
 from tally_e2e import eventually
 
 # The fixtures `cq_crd` and `team`, shared with test_clusterquota_concurrency.
@@ -150,6 +151,9 @@ async def test_creates_judged_by_labels_a_relabel_then_changes_are_counted_withi
     slow = PolicyWebhook(team.api, moving, POD_CREATES, labels={}, allow=True,
                          delay=POLICY_DELAY_S)  # fmt: skip
     async with slow:
+        # Past the window after the ClusterQuota's first status, in which every creation
+        # recalculates it anyway.
+        await asyncio.sleep(DEFAULT_TIMEOUT_S + 1.0)
         for round_ in range(RELABEL_ROUNDS):
             joins = round_ % 2 == 0
             creates = [

@@ -9,6 +9,9 @@ pod, and an ordinary pod was refused for 156 s, until some recalculation happene
 Here each refused charge must be released within the confirmation timeout (the default,
 ``TALLY_CHARGE_CONFIRM_TIMEOUT``) plus 2 s, for creates and for updates, and a burst that
 mixes refused and ordinary creates against a tight quota must never over-admit.
+
+A policy webhook that admits, slowly, holds creates back after tally judged them: a quota whose
+hard gains a name meanwhile must still count them within seconds, not at the next resync.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import pytest
 from kubernetes_asyncio import client
 from policy_webhook import REFUSAL, PolicyWebhook
 
-from builders import pod, resource_quota
+from builders import pod, resource_quota, service
 from tally.charges.ledger import DEFAULT_TIMEOUT_S
+from tally.webhook.registrar import RULES_SETTLE_S
 from tally_e2e import RunningOperator, eventually
 
 BOUND_S = DEFAULT_TIMEOUT_S + 2.0
@@ -44,18 +48,21 @@ async def _used(api: client.ApiClient, namespace: str, name: str = "q") -> dict[
 DENY = {"deny": "true"}
 """The label the policy webhook refuses."""
 _pod = functools.partial(pod, labels={})
+_service = functools.partial(service, ports=[{"port": 80}])
 
 
 def _message(error: client.ApiException) -> str:
     return str(json.loads(error.body)["message"])
 
 
-async def _quota(api: client.ApiClient, namespace: str, hard: dict[str, str]) -> None:
+async def _quota(
+    api: client.ApiClient, namespace: str, hard: dict[str, str], name: str = "q"
+) -> None:
     await client.CoreV1Api(api).create_namespaced_resource_quota(
-        namespace, resource_quota("q", hard)
+        namespace, resource_quota(name, hard)
     )
     await eventually(
-        lambda: _used(api, namespace),
+        lambda: _used(api, namespace, name),
         until=lambda used: set(used) == set(hard),
         within=5,
         what="the quota's first usage",
@@ -191,4 +198,48 @@ async def test_a_burst_half_refused_elsewhere_never_over_admits(
         until=lambda used: used == {"pods": str(hard)},
         within=BOUND_S,
         what="usage equal to the pods that exist",
+    )
+
+
+POLICY_DELAY_S = 1.5
+"""How long the slow policy holds each create after tally judged it."""
+CHANGE_AFTER_S = 0.5
+"""The quota's new name comes this long after the creates: tally judged them all by the old
+names, and the policy still holds them."""
+CREATES_HELD = 5
+SERVICE_CREATES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                    "resources": ["services"]}]  # fmt: skip
+
+
+async def test_creates_held_by_a_slow_policy_count_toward_a_name_added_meanwhile(
+    operator: RunningOperator, api: client.ApiClient, namespace: str
+) -> None:
+    # Judged while the quota limited pods only, the services were charged nothing; the sync
+    # that wrote services into status.hard ran before they were stored. (Services: nothing
+    # updates them after their create, as a kubelet updates pods, to recalculate by chance.)
+    await _quota(api, namespace, {"pods": "100"})
+    # Another quota on services puts them in tally's webhook rules before. Waited out: the
+    # window in which creations of a kind whose rule is new are recalculated anyway (the API
+    # server may not send them), and the one after each quota's first status.
+    await _quota(api, namespace, {"services": "100"}, name="services")
+    await asyncio.sleep(max(RULES_SETTLE_S, DEFAULT_TIMEOUT_S) + 1.0)
+    core = client.CoreV1Api(api)
+    slow = PolicyWebhook(api, namespace, SERVICE_CREATES, labels={}, allow=True,
+                         delay=POLICY_DELAY_S)  # fmt: skip
+    async with slow:
+        creates = [
+            asyncio.create_task(core.create_namespaced_service(namespace, _service(f"held-{i}")))
+            for i in range(CREATES_HELD)
+        ]
+        await asyncio.sleep(CHANGE_AFTER_S)
+        await core.patch_namespaced_resource_quota(
+            "q", namespace, {"spec": {"hard": {"pods": "100", "services": "10"}}}
+        )
+        await asyncio.gather(*creates)
+    assert CREATES_HELD == len(slow.allowed)
+    await eventually(
+        lambda: _used(api, namespace),
+        until=lambda used: used == {"pods": "0", "services": str(CREATES_HELD)},
+        within=BOUND_S,
+        what="the held services counted under the new name",
     )

@@ -8,7 +8,9 @@ first; if its creation event comes after the first status was written, a recalcu
 follow, or the quota stays short of it until the next full resync and admission admits past
 the limit. The quota controllers mark each first write here and, on a creation they did not see
 charged, recalculate a quota first written within ``window`` seconds (the charge confirmation
-timeout: how long an admitted object may take to reach the caches).
+timeout: how long an admitted object may take to reach the caches). A status whose hard names
+changed is marked too: admission charges the names of ``status.hard``, so a create judged by the
+old names was not charged the new ones.
 
 The same holds for a ClusterQuota whose selection of a namespace just changed (relabelled, created,
 a new selector): a create admitted by a webhook that judged by the old selection was charged to
@@ -61,7 +63,8 @@ class RecentKeys(Generic[K]):
 
 
 class FirstSyncs(RecentKeys[K]):
-    """When each quota's first status was written, for ``window`` seconds."""
+    """When each quota's first status (or one with other hard names) was written, for
+    ``window`` seconds."""
 
     def wrote_first(self, key: K) -> None:
         self.note(key)

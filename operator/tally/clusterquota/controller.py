@@ -145,14 +145,14 @@ class ClusterQuotaController:
         self.resync_period = resync_period
         self.charges = charges
         self.first_syncs: FirstSyncs[str] = FirstSyncs(
-            charges.timeout if charges is not None else DEFAULT_TIMEOUT_S
+            charges.timeout if charges is not None else DEFAULT_TIMEOUT_S, clock
         )
         """ClusterQuotas whose first status was just written (see :meth:`replenish`)."""
         self.selection_changes: RecentKeys[tuple[str, str]] = RecentKeys(
             self.first_syncs.window, clock
         )
         """(ClusterQuota, namespace) pairs whose selection changed lately, namespace ``""``
-        for a changed selector (see :meth:`replenish`)."""
+        for a changed selector or scopes (see :meth:`replenish`)."""
         self.newest = newest
         self.observer = observer
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
@@ -216,9 +216,7 @@ class ClusterQuotaController:
         new_spec = (change.new or {}).get("spec")
         if change.kind is ChangeKind.UPDATED and old_spec == new_spec:
             return  # a status write: ours, or corrected at the next resync
-        if change.kind is ChangeKind.UPDATED and _selector_source(old_spec) != _selector_source(
-            new_spec
-        ):
+        if change.kind is ChangeKind.UPDATED and _selection(old_spec) != _selection(new_spec):
             self.selection_changes.note((change.name, ""))
         self.queue.add(change.name)
 
@@ -248,10 +246,11 @@ class ClusterQuotaController:
         """Usage of ``group_resource`` in ``namespace`` may have changed (the ResourceQuota
         controller's ``replenish``, for the ClusterQuotas selecting the namespace).
 
-        ``unsynced_only`` (a creation admission charges): only ClusterQuotas whose first status
-        was just written, or whose selection of ``namespace`` just changed; admission charged
-        the others. A ClusterQuota that just stopped selecting ``namespace`` is recalculated
-        too: admission may have charged it by the old selection."""
+        ``unsynced_only`` (a creation admission charges): only ClusterQuotas whose first status,
+        or a status with other hard names, was just written, or whose selection of
+        ``namespace`` (or scopes) just changed; admission charged the others. A ClusterQuota
+        that just stopped selecting ``namespace`` is recalculated too: admission may have
+        charged it by the old selection."""
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
             return
@@ -393,7 +392,12 @@ class ClusterQuotaController:
             cq, [str(error) for error in errors], self._now(), pending
         )
         status = cluster.build_status(hard, used_by_namespace, self.measured(hard), [computed])
-        if await self._write_status(cq, status, errors_by_namespace) and first:
+        written_names = set(cluster.status_total(cq, "hard") or {})
+        if await self._write_status(cq, status, errors_by_namespace) and (
+            first or written_names != set(hard)
+        ):
+            # Admission charges the names in status.hard: a create it judged by the old ones
+            # and the caches show only after this write is not in it.
             self.first_syncs.wrote_first(name)
         logger.debug("synced cluster quota %s in %.1f ms", name,
                      (time.monotonic() - started) * 1000)  # fmt: skip
@@ -467,8 +471,16 @@ class InvalidClusterQuotaError(ValueError):
     """A ClusterQuota whose spec cannot be used (the sync reports it and goes on)."""
 
 
-def _selector_source(spec: Any) -> Any:
-    return spec.get("namespaceSelector") if isinstance(spec, Mapping) else None
+def _selection(spec: Any) -> Any:
+    """What decides which objects admission charges to a ClusterQuota, besides its hard
+    names: the namespaces it selects and its scopes."""
+    if not isinstance(spec, Mapping):
+        return None
+    quota = spec.get("quota")
+    scoped = (
+        (quota.get("scopes"), quota.get("scopeSelector")) if isinstance(quota, Mapping) else None
+    )
+    return spec.get("namespaceSelector"), scoped
 
 
 def namespace_labels(obj: Obj) -> dict[str, str]:

@@ -241,11 +241,13 @@ class ResourceQuotaController:
         and a quota without ``status.hard`` matches on ``spec.hard``: the queue runs an
         in-flight key again after it finishes.
 
-        ``unsynced_only``: only quotas without ``status.hard``, or whose first status was
-        written within the charge confirmation timeout (:class:`~tally.charges.FirstSyncs`), for
-        a creation admission charged. Admission skips a quota whose status is not known yet
-        (upstream too), so a create admitted then is charged to nobody; that quota's first sync
-        counts it only if the object reached the cache first.
+        ``unsynced_only``: only quotas without ``status.hard``, or whose first status, or a
+        status with other hard names, was written within the charge confirmation timeout
+        (:class:`~tally.charges.FirstSyncs`), for a creation admission charged. Admission skips
+        a quota whose status is not known yet (upstream too), so a create admitted then is
+        charged to nobody; that quota's first sync counts it only if the object reached the
+        cache first. Likewise a name just added to ``hard``: admission charged it only to
+        creates judged after the status naming it.
         """
         evaluator = self.registry.get(group_resource)
         if evaluator is None:
@@ -355,7 +357,9 @@ class ResourceQuotaController:
             await self.writer.update_status(
                 quota_obj, {"hard": quota.to_strings(hard), "used": quota.to_strings(used)}
             )
-            if status_hard is None:
+            if status_hard is None or set(status_hard) != set(hard):
+                # Admission charges the names in status.hard: a create it judged by the old
+                # names and the caches show only after this write is not in it.
                 self.first_syncs.wrote_first(quota_key(quota_obj))
         logger.debug(
             "synced quota %s/%s in %.1f ms (written: %s)",

@@ -341,3 +341,19 @@ async def test_a_create_anywhere_just_after_a_selector_change_recalculates() -> 
     assert ["team"] == await _drain(controller)
     controller.replenish(PODS, "b1", unsynced_only=True)
     assert [] == await _drain(controller)
+
+
+async def test_a_create_just_after_hard_gained_a_name_recalculates() -> None:
+    # Admission charges status.total.hard's names: a pod judged while only pods was limited was
+    # not charged requests.cpu.
+    now = [100.0]
+    controller, writer, cq = _controller([True], now, SYNCED)
+    grown = {**cq, "spec": {**cq["spec"], "quota": {"hard": {"pods": "2", "requests.cpu": "1"}}}}
+    await controller.sync_cluster_quota(grown)
+    assert {"pods": "2", "requests.cpu": "1"} == writer.writes[-1]["total"]["hard"]
+    controller.newest = lambda obj: {**grown, "status": writer.writes[-1]}
+    controller.replenish(PODS, "a1", unsynced_only=True)
+    assert ["team"] == await _drain(controller)
+    now[0] += controller.first_syncs.window + 0.1
+    controller.replenish(PODS, "a1", unsynced_only=True)
+    assert [] == await _drain(controller)

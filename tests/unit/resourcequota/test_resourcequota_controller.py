@@ -918,6 +918,37 @@ async def test_a_charged_creation_also_syncs_a_quota_whose_first_status_was_just
     assert 0 == len(controller.queue)
 
 
+async def test_a_charged_creation_syncs_a_quota_whose_hard_just_gained_a_name() -> None:
+    # A service judged while status.hard named only pods was charged nothing; the sync that
+    # wrote services into status.hard ran before the service reached the cache. Its creation
+    # event must recalculate the quota within the window, or services stay one short.
+    grown = resource_quota("grown", {"pods": "5", "services": "2"}, namespace="ns",
+                           status={"hard": {"pods": "5"}, "used": {"pods": "0"}})  # fmt: skip
+    controller, writer = new_controller([grown])
+    now = [100.0]
+    controller.first_syncs = FirstSyncs(5.0, clock=lambda: now[0])
+    await controller.sync_resource_quota(grown)
+    assert {"pods": "5", "services": "2"} == writer.writes[0][1]["hard"]
+    controller.newest = lambda quota_obj: {**quota_obj, "status": writer.writes[0][1]}
+    controller.replenish(SERVICES, "ns", unsynced_only=True)
+    assert [("ns", "grown")] == [await controller.queue.get() for _ in range(len(controller.queue))]
+    controller.queue.done(("ns", "grown"))
+    now[0] = 105.0
+    controller.replenish(SERVICES, "ns", unsynced_only=True)
+    assert 0 == len(controller.queue)
+
+
+async def test_a_status_write_with_the_same_hard_names_marks_nothing() -> None:
+    same = resource_quota("same", {"pods": "9"}, namespace="ns",
+                          status={"hard": {"pods": "5"}, "used": {"pods": "0"}})  # fmt: skip
+    controller, writer = new_controller([same])
+    await controller.sync_resource_quota(same)
+    assert {"pods": "9"} == writer.writes[0][1]["hard"]
+    controller.newest = lambda quota_obj: {**quota_obj, "status": writer.writes[0][1]}
+    controller.replenish(PODS, "ns", unsynced_only=True)
+    assert 0 == len(controller.queue)
+
+
 def test_first_syncs_forget_after_their_window() -> None:
     now = [0.0]
     syncs: FirstSyncs[str] = FirstSyncs(5.0, clock=lambda: now[0])
