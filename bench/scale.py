@@ -2,11 +2,13 @@
 
 Two control planes, one after the other (each in a temporary directory, stopped afterwards):
 
-* **reference** (upstream quota): namespaces, pods (cpu/memory requests, a mix of Pending,
-  Running, Succeeded and Failed), configmaps, then one quota per namespace — created after the
-  pods, so kube-controller-manager's resourcequota controller computes every usage from its
-  caches. Measured: time from the first quota create until every quota is correct, and
-  kube-controller-manager's RSS once they are (pid from the control plane's ``state.json``).
+* **reference** (upstream quota): namespaces, pods (cpu/memory requests; the plane's simulated
+  kubelets run them all, then a fifth are made Succeeded or Failed), configmaps, then one quota
+  per namespace (what each must show: from a LIST of the pods, checked against the input) —
+  created after the pods, so kube-controller-manager's resourcequota controller computes every
+  usage from its caches. Measured: time from the first quota create until every quota is
+  correct, and kube-controller-manager's RSS once they are (pid from the control plane's
+  ``state.json``). Both planes have enough simulated nodes to run every pod.
 * **operator** (tally is the quota system): the same objects, created while tally is *not*
   running (no webhook, so nothing is charged and no status is written). Then tally starts
   (``kopf run operator/main.py``, the command the e2e tests use) and the benchmark measures,
@@ -37,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import math
 import re
 import sys
 import tempfile
@@ -78,6 +81,9 @@ IMAGE = "registry.example/app:1"
 CPU_MILLI = (100, 250, 500, 1000)
 MEMORY_MI = (64, 128, 256)
 SIDECAR = {"cpu_milli": 50, "memory_mi": 32}
+NODE_CPU_CORES = 1000
+"""A simulated node's cpu capacity (kwok's default, ``hack/cluster.py``); its memory (1Ti) and
+pods (1M) are never what runs out first here."""
 HARD = {
     "pods": "1k",
     "count/pods": "1k",
@@ -99,7 +105,9 @@ class PodShape:
     cpu_milli: int
     memory_mi: int
     sidecar: bool
-    phase: str  # "Pending" (left as created), "Running", "Succeeded" or "Failed"
+    phase: str
+    """"Succeeded" or "Failed" (set once the plane's kubelets run it), else "Pending" or
+    "Running": either way the simulated kubelets run it."""
 
     @property
     def terminal(self) -> bool:
@@ -145,8 +153,17 @@ class Input:
             )
         return cls(names, shapes)
 
+    def nodes(self) -> int:
+        """Simulated nodes enough to run every pod: each has kwok's default capacity
+        (``NODE_CPU_CORES``), with a fifth to spare; the scheduler leaves pods Pending past
+        it."""
+        milli = sum(
+            pod.cpu_milli + (SIDECAR["cpu_milli"] if pod.sidecar else 0) for pod in self.pods
+        )
+        return max(cluster.DEFAULT_NODES, math.ceil(milli * 1.2 / (NODE_CPU_CORES * 1000)))
+
     def expected(self) -> dict[str, dict[str, Quantity]]:
-        """namespace -> the ``status.used`` its quota must show."""
+        """namespace -> the ``status.used`` its quota must show, by hand from the input."""
         counts = {ns: {"pods": 0, "count": 0, "cpu": 0, "memory": 0} for ns in self.namespaces}
         for pod in self.pods:
             tally = counts[pod.namespace]
@@ -156,16 +173,20 @@ class Input:
             tally["pods"] += 1
             tally["cpu"] += pod.cpu_milli + (SIDECAR["cpu_milli"] if pod.sidecar else 0)
             tally["memory"] += pod.memory_mi + (SIDECAR["memory_mi"] if pod.sidecar else 0)
-        return {
-            ns: {
-                "pods": Quantity.from_int(c["pods"]),
-                "count/pods": Quantity.from_int(c["count"]),
-                "requests.cpu": Quantity.from_milli(c["cpu"]),
-                "requests.memory": Quantity.from_int(c["memory"] * 2**20),
-                "count/configmaps": Quantity.from_int(CONFIGMAPS_PER_NAMESPACE + 1),
-            }
-            for ns, c in counts.items()
+        return _expected_from(counts)
+
+
+def _expected_from(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Quantity]]:
+    return {
+        ns: {
+            "pods": Quantity.from_int(c["pods"]),
+            "count/pods": Quantity.from_int(c["count"]),
+            "requests.cpu": Quantity.from_milli(c["cpu"]),
+            "requests.memory": Quantity.from_int(c["memory"] * 2**20),
+            "count/configmaps": Quantity.from_int(CONFIGMAPS_PER_NAMESPACE + 1),
         }
+        for ns, c in counts.items()
+    }
 
 
 def quota_correct(quota: dict[str, Any], expected: dict[str, dict[str, Quantity]]) -> bool:
@@ -224,7 +245,12 @@ async def populate(raw: Raw, data: Input, concurrency: int) -> dict[str, float]:
         label="configmaps",
         total=len(data.namespaces) * CONFIGMAPS_PER_NAMESPACE,
     )
-    phased = [pod for pod in data.pods if pod.phase != "Pending"]
+    # The plane's simulated kubelets run every pod (kwok's pod-ready, from Pending only): a
+    # terminal phase is set once they have, or their Running would overwrite it.
+    started = time.perf_counter()
+    await _wait_until_none_pending(raw)
+    steps["pods running"] = time.perf_counter() - started
+    phased = [pod for pod in data.pods if pod.terminal]
     steps["pod phases"] = await bounded(
         (
             (
@@ -245,6 +271,47 @@ async def populate(raw: Raw, data: Input, concurrency: int) -> dict[str, float]:
     )
     steps["root CA configmaps"] = time.perf_counter() - started
     return steps
+
+
+async def _wait_until_none_pending(raw: Raw, limit_s: float = 1800.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        pending = await raw.list_all(
+            "/api/v1/pods", query=[("fieldSelector", "status.phase=Pending")]
+        )
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(pending)} pods still Pending after {limit_s:.0f} s")
+        print(f"  pods running: {len(pending)} still Pending", file=sys.stderr, flush=True)
+        await asyncio.sleep(2.0)
+
+
+async def truth(raw: Raw, data: Input) -> dict[str, dict[str, Quantity]]:
+    """namespace -> the ``status.used`` its quota must show, from a LIST of the pods as they
+    are (their phase as the plane has it); it must equal what the input meant, or the plane
+    changed a phase under the benchmark."""
+    counts = {ns: {"pods": 0, "count": 0, "cpu": 0, "memory": 0} for ns in data.namespaces}
+    for pod in await raw.list_all("/api/v1/pods"):
+        namespace = pod["metadata"]["namespace"]
+        if namespace not in counts:
+            continue
+        tally = counts[namespace]
+        tally["count"] += 1
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        tally["pods"] += 1
+        for container in pod["spec"]["containers"]:
+            requests = (container.get("resources") or {}).get("requests") or {}
+            tally["cpu"] += parse_quantity(requests.get("cpu", "0")).milli_value()
+            tally["memory"] += parse_quantity(requests.get("memory", "0")).value() // 2**20
+    listed = _expected_from(counts)
+    intended = data.expected()
+    if listed != intended:
+        differing = sorted(ns for ns in intended if listed.get(ns) != intended[ns])
+        raise RuntimeError(f"the pods as listed differ from the input in {len(differing)} "
+                           f"namespaces (first: {differing[:3]})")  # fmt: skip
+    return listed
 
 
 async def _wait_for_each_namespace(
@@ -340,9 +407,10 @@ async def run_reference(state: cluster.State, data: Input, concurrency: int) -> 
     raw = Raw(api)
     try:
         steps = await populate(raw, data, concurrency)
+        expected = await truth(raw, data)
         started = time.perf_counter()
         creates = await create_quotas(raw, data, concurrency)
-        convergence = await wait_converged(raw, data.expected(), started, "upstream")
+        convergence = await wait_converged(raw, expected, started, "upstream")
         await asyncio.sleep(2.0)  # let the controller settle before reading its memory
         rss, peak = memory_of(state.pids["kube-controller-manager"])
         return ReferenceResult(steps, creates, convergence, rss, peak)
@@ -382,7 +450,7 @@ async def run_operator(
     try:
         steps = await populate(raw, data, concurrency)
         await create_quotas(raw, data, concurrency)
-        expected = data.expected()
+        expected = await truth(raw, data)
         if await correct_quotas(raw, expected):
             raise RuntimeError("quotas are correct before tally started: nothing to measure")
         result = OperatorResult(steps)
@@ -553,12 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     data = Input.build(args.namespaces, args.pods)
     began = time.perf_counter()
     print("reference control plane ...", file=sys.stderr, flush=True)
-    with control_plane("reference") as reference:
+    nodes = data.nodes()
+    print(f"{nodes} simulated nodes per plane", file=sys.stderr, flush=True)
+    with control_plane("reference", nodes=nodes) as reference:
         upstream = asyncio.run(run_reference(reference, data, args.concurrency))
     print("operator control plane ...", file=sys.stderr, flush=True)
     with (
         tempfile.TemporaryDirectory() as scratch,
-        control_plane("operator") as operator,
+        control_plane("operator", nodes=nodes) as operator,
         tally_in(Path(scratch), operator) as tally,
     ):
         try:
