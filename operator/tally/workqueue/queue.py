@@ -117,6 +117,11 @@ class Queue(Generic[T]):
         """The number of queued items (not counting in-flight ones): information only."""
         return len(self._queue)
 
+    def waiting(self, item: T) -> bool:
+        """Whether ``item`` is queued and no worker has got it yet: its processing starts
+        after this moment, so it sees whatever the caller has already changed."""
+        return item in self._dirty and item not in self._processing
+
     async def get(self) -> T:
         """Wait for the next item and hand it to the caller, who now owns it.
 

@@ -716,6 +716,20 @@ async def test_add_quota(quota_obj: Obj, expected_priority: bool) -> None:
         assert key == await controller.queue.get()
 
 
+async def test_a_quota_waiting_for_its_missing_usage_is_not_queued_again_by_replenishment() -> None:
+    # Its missing-usage sync has not started, so it counts what the replenishment is about: a
+    # second sync from the primary queue would compute the same status again.
+    new = _tracking("new", None)
+    controller, _ = new_controller([new])
+    controller.add_quota(new)
+    controller.replenish(PODS, "ns")
+    assert (1, 0) == (len(controller.missing_usage_queue), len(controller.queue))
+    # Once a worker has it, a change may come too late for that sync: queued again.
+    key = await controller.missing_usage_queue.get()
+    controller.replenish(PODS, "ns")
+    assert [key] == [await controller.queue.get() for _ in range(len(controller.queue))]
+
+
 # -- the update and delete handlers
 
 

@@ -134,6 +134,21 @@ def test_len() -> None:
     assert 2 == len(q)
 
 
+async def test_waiting_is_queued_and_not_yet_handed_out() -> None:
+    q: wq.Queue[str] = wq.Queue()
+    assert not q.waiting("foo")
+    q.add("foo")
+    assert q.waiting("foo")
+    item = await q.get()
+    assert not q.waiting("foo")  # a worker has it: what changes now may be missed
+    q.add(item)
+    assert not q.waiting("foo")  # again after done, but its worker still runs
+    q.done(item)
+    assert q.waiting("foo")
+    q.done(await q.get())
+    assert not q.waiting("foo")
+
+
 # client-go: TestReinsert
 async def test_reinsert() -> None:
     q: wq.Queue[str] = wq.Queue()
