@@ -1,0 +1,45 @@
+"""bench/scale.py's input on plain data: what each quota must show (by hand from the pods'
+requests and phases) and how many simulated nodes run every pod."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+# bench/ is put on sys.path above, as the benchmarks run.
+import scale  # noqa: E402
+from tally.quota.quantity import Quantity  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def test_each_quota_counts_the_non_terminal_pods_requests_and_every_pod() -> None:
+    data = scale.Input.build(2, 20)
+    want = data.expected()
+    # Namespace 0 holds pods 0, 2, …, 18 (slots 0-9): slots 8 and 9 (pods 16 and 18) are
+    # Succeeded and Failed. The other eight request 100m, 500m, 100m, 500m, … (index % 4 is 0 or
+    # 2) plus a 50m sidecar on pods 0 and 10: 4 * 100 + 4 * 500 + 2 * 50 = 2 500m; memory by
+    # (index // 3) % 3 over 64/128/256 Mi: pods 0, 2, 4, 6, 8, 10, 12, 14 -> 64, 64, 128, 256,
+    # 256, 64, 128, 128 = 1 088 Mi, plus 2 * 32 Mi of sidecars = 1 152 Mi.
+    assert {
+        "pods": Quantity.from_int(8),
+        "count/pods": Quantity.from_int(10),
+        "requests.cpu": Quantity.from_milli(2500),
+        "requests.memory": Quantity.from_int(1152 * 2**20),
+        "count/configmaps": Quantity.from_int(scale.CONFIGMAPS_PER_NAMESPACE + 1),
+    } == want["scale-0000"]
+    # Namespace 1: slots 7 and 8 ((slot + 1) % 10 in 8, 9) are terminal, pods 15 and 17.
+    assert Quantity.from_int(8) == want["scale-0001"]["pods"]
+
+
+def test_enough_nodes_for_every_pods_cpu_with_a_fifth_to_spare() -> None:
+    # 10 000 pods cycling over 100, 250, 500, 1000 m: 4 625 cores, plus 2 000 sidecars of 50m:
+    # 100 cores; 4 725 * 1.2 = 5 670 cores over 1 000-core nodes: 6.
+    assert 6 == scale.Input.build(1000, 10_000).nodes()
+    assert scale.cluster.DEFAULT_NODES == scale.Input.build(10, 20).nodes()
