@@ -280,6 +280,18 @@ def _relabel(controller: ClusterQuotaController, name: str, team: str) -> None:
     controller.on_namespace(change)
 
 
+async def _recalculated_within_the_window_only(
+    controller: ClusterQuotaController, now: list[float], namespace: str
+) -> None:
+    """A charged creation in ``namespace`` recalculates the ClusterQuota now, and no longer
+    past the charge confirmation timeout."""
+    controller.replenish(PODS, namespace, unsynced_only=True)
+    assert ["team"] == await _drain(controller)
+    now[0] += controller.first_syncs.window + 0.1
+    controller.replenish(PODS, namespace, unsynced_only=True)
+    assert [] == await _drain(controller)
+
+
 SYNCED = {"total": {"hard": {"pods": "2"}, "used": {"pods": "0"}}, "namespaces": []}
 
 
@@ -311,11 +323,7 @@ async def test_a_create_in_a_namespace_that_just_left_recalculates_the_cluster_q
     controller, _, _ = _controller([True], now, SYNCED)
     _relabel(controller, "a1", "b")
     assert ["team"] == await _drain(controller)
-    controller.replenish(PODS, "a1", unsynced_only=True)
-    assert ["team"] == await _drain(controller)
-    now[0] += controller.first_syncs.window + 0.1
-    controller.replenish(PODS, "a1", unsynced_only=True)
-    assert [] == await _drain(controller)
+    await _recalculated_within_the_window_only(controller, now, "a1")
 
 
 async def test_a_create_anywhere_just_after_a_selector_change_recalculates() -> None:
@@ -352,8 +360,4 @@ async def test_a_create_just_after_hard_gained_a_name_recalculates() -> None:
     await controller.sync_cluster_quota(grown)
     assert {"pods": "2", "requests.cpu": "1"} == writer.writes[-1]["total"]["hard"]
     controller.newest = lambda obj: {**grown, "status": writer.writes[-1]}
-    controller.replenish(PODS, "a1", unsynced_only=True)
-    assert ["team"] == await _drain(controller)
-    now[0] += controller.first_syncs.window + 0.1
-    controller.replenish(PODS, "a1", unsynced_only=True)
-    assert [] == await _drain(controller)
+    await _recalculated_within_the_window_only(controller, now, "a1")
