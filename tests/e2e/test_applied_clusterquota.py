@@ -146,6 +146,17 @@ async def test_each_team_reads_its_limits_and_nothing_of_the_other(
             what=f"the applied ClusterQuotas of {namespace}",
         )
 
+    # The table, as `kubectl get` prints it: each column one line of text, never a map.
+    table = kubectl_as(control_plane, user_a, "get", "appliedclusterquotas", "-n", a1,
+                       "-o", "wide")  # fmt: skip
+    assert 0 == table.returncode, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["NAME", "MOST", "USED", "HERE", "REMAINING", "AGE"]
+    row = next(line for line in rows if line.startswith(shared + " "))
+    # Most used pods 6/20; a1's own 2; 20 - 6 remain.
+    assert [shared, "pods 6/20", "pods: 2", "pods: 14"] == re.split(r"\s{2,}", row)[:4], row
+    assert "{" not in table.stdout, table.stdout
+
     # Nothing of the other team in anything the user reads in its namespaces.
     for user, own, other in (
         (user_a, (a1, a2), (b1, b2, cq_b)),

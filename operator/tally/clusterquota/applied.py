@@ -76,8 +76,11 @@ def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
     """What the AppliedClusterQuota of ``cq`` in ``namespace`` shows: ``total`` (hard and used,
     as the ClusterQuota's status has them), ``namespace.used`` (this namespace's share of every
     name the total carries, zero where it uses none), ``remaining`` (hard less the total used,
-    never below zero), ``mostUsed``, and the ``UsageComputed`` condition without its message.
-    Before the ClusterQuota's first status: its hard limits only."""
+    never below zero), ``mostUsed``, and the ``UsageComputed`` condition without its message;
+    the share and what remains also as one line each (``usedSummary``, ``remainingSummary``:
+    ``name: value`` pairs as ``kubectl get quota`` prints them), for the printer columns, which
+    would otherwise print a map as JSON. Before the ClusterQuota's first status: its hard
+    limits only."""
     hard = cluster.status_total(cq, "hard")
     if hard is None:
         try:
@@ -90,12 +93,11 @@ def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
         return status
     share = cluster.namespace_used(cq).get(namespace, {})
     status["total"]["used"] = resources.to_strings(used)
-    status["namespace"] = {
-        "used": resources.to_strings({name: share.get(name, ZERO) for name in used})
-    }
-    status["remaining"] = resources.to_strings(
-        {name: max(limit - used.get(name, ZERO), ZERO) for name, limit in hard.items()}
-    )
+    here = {name: share.get(name, ZERO) for name in used}
+    status["namespace"] = {"used": resources.to_strings(here), "usedSummary": _summary(here)}
+    remaining = {name: max(limit - used.get(name, ZERO), ZERO) for name, limit in hard.items()}
+    status["remaining"] = resources.to_strings(remaining)
+    status["remainingSummary"] = _summary(remaining)
     status["mostUsed"] = cluster.most_used(hard, used)
     computed = cluster.condition(cq, cluster.USAGE_COMPUTED)
     if computed is not None:
@@ -104,6 +106,12 @@ def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
              if key in computed}
         ]  # fmt: skip
     return status
+
+
+def _summary(values: resources.ResourceList) -> str:
+    """``pods: 3, requests.cpu: 500m``: sorted by name, as ``kubectl get quota`` lists each
+    resource in its columns."""
+    return ", ".join(f"{name}: {values[name].canonical()}" for name in sorted(values))
 
 
 def applied_object(cq: Obj, namespace: str) -> dict[str, Any]:

@@ -61,9 +61,11 @@ def test_the_namespace_sees_its_share_the_total_and_what_remains() -> None:
     assert status == {
         "total": {"hard": {"pods": "10", "requests.cpu": "4"},
                   "used": {"pods": "7", "requests.cpu": "4500m"}},
-        "namespace": {"used": {"pods": "2", "requests.cpu": "1"}},
+        "namespace": {"used": {"pods": "2", "requests.cpu": "1"},
+                      "usedSummary": "pods: 2, requests.cpu: 1"},
         # 10 - 7 pods; 4 - 4.5 cpu is over: nothing remains (never negative).
         "remaining": {"pods": "3", "requests.cpu": "0"},
+        "remainingSummary": "pods: 3, requests.cpu: 0",
         "mostUsed": "requests.cpu 4500m/4",
         "conditions": [{"type": "UsageComputed", "status": "False", "reason": "EvaluationFailed",
                         "lastTransitionTime": "2026-11-27T10:00:00Z"}],
