@@ -231,6 +231,10 @@ class Runtime:
             # binds the metrics port again.
             await self._stop_metrics()
             raise
+        # Kopf's watches start after this handler, each with a listing of its own: what was
+        # deleted between these LISTs and those is reported by neither. One re-list of every
+        # kind, ~30 s from now, drops it (tally.machinery.informers: the first listing).
+        self.caches.relist_all()
         # What start-up built lives as long as the process: out of the collector's walks.
         frozen = freeze_long_lived()
         logger.debug("%d objects kept out of the cyclic collector's walks", frozen)

@@ -128,13 +128,15 @@ class KubeInformers:
         for sync in syncs:
             sync.finish()
 
-    def relist_all(self) -> None:
-        """Kopf re-listed one kind after a watch gap: every synced kind re-lists too. Kopf's
-        re-list of a kind whose objects were all deleted during the gap delivers no event, so
-        that kind's informer cannot see the gap itself (its ghosts would count forever)."""
+    def relist_all(self, since: float | None = None) -> None:
+        """Kopf re-listed one kind after a watch gap seen at ``since`` (the informers' clock):
+        every synced kind not LISTed since re-lists too. Kopf's re-list of a kind whose objects
+        were all deleted during the gap delivers no event, so that kind's informer cannot see
+        the gap itself (its ghosts would count forever). Without ``since`` (start-up: Kopf's
+        first listings come after tally's own LISTs), every synced kind."""
         for informer in self.all():
             if informer.synced:
-                informer.schedule_relist()
+                informer.schedule_relist(unless_listed_since=since)
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
         namespace = (obj.get("metadata") or {}).get("namespace")

@@ -9,13 +9,26 @@ what Kopf does not give a plain event handler:
   workers only after every informer synced (``WaitForCacheSync``). Informers of one kind can
   share one LIST (:meth:`Informer.begin_sync` for each, fed the same pages);
 * **no ghosts** — when Kopf re-lists after a watch gap (its events then arrive with type
-  ``None``) it never reports the objects deleted during the gap. Seeing such an event after the
-  first sync, the informer schedules a LIST of its own and reconciles the store against it
-  (``Store.replace`` drops what the list lacks). Re-lists are debounced and spaced out.
-  A kind with no object left after the gap gets no event at all from Kopf's re-list, so no
+  ``None``) it never reports the objects deleted during the gap. Seeing such a listing begin
+  after the first sync, the informer schedules a LIST of its own and reconciles the store
+  against it (``Store.replace`` drops what the list lacks). Re-lists are debounced and spaced
+  out. A kind with no object left after the gap gets no event at all from Kopf's re-list, so no
   informer of it can see its gap: :meth:`Informer.on_gap` tells the owner, which re-lists every
-  informer (:meth:`Informer.schedule_relist`) — a cut connection or a restarted API server
-  breaks every watch at once, and the namespaces' watch always re-delivers some object.
+  informer not listed since (:meth:`Informer.schedule_relist`) — a cut connection or a
+  restarted API server breaks every watch at once, and the namespaces' watch always re-delivers
+  some object.
+* **one re-list per listing** — a listing's objects arrive one event each, and at scale over
+  minutes (30 000 pods through a busy event loop). Only the *first* object of a listing may
+  schedule a re-list: a new listing is told from the one in progress by more listed objects
+  than the store holds (each listed object is in the store once delivered, so only a second
+  listing overruns it) or by a pause of ``LISTING_PAUSE_S`` between listed objects. Scheduling
+  on every listed object once the last re-list was done re-listed every kind again and again
+  for as long as the listing lasted, each re-list slowing the listing further.
+* **the first listing is no gap** — Kopf lists every kind once when its watches start, after
+  tally's start-up LISTs, so what was deleted in between would stay a ghost: the owner
+  schedules one re-list of every kind at start-up (the emptied kinds too). A kind's first
+  listing schedules its own re-list (if that one already ran) but tells no owner: every other
+  kind's is scheduled already.
 
 Handlers receive :class:`tally.machinery.cache.Change` values: ``old is None`` for an add, ``new is
 None`` for a delete, both set for an update. They must be quick and must not await.
@@ -45,6 +58,9 @@ Lister = Callable[[], AsyncIterator[Iterable[Obj]]]
 
 RELIST_DEBOUNCE_S: Final = 2.0
 """Kopf's re-list delivers every object as one burst; reconcile once after it settles."""
+LISTING_PAUSE_S: Final = 10.0
+"""A listing's objects arrive back to back (a page at a time); listed objects after a silence
+this long are a new listing. Too short only costs a re-list more."""
 MIN_RELIST_INTERVAL_S: Final = 30.0
 """A LIST of a large kind is expensive for the API server; watch gaps are rare. Bounds the
 extra LISTs to one per kind per interval, and delays a ghost's removal by at most as long."""
@@ -76,9 +92,17 @@ class Informer(Generic[P]):
         self._relist_task: asyncio.Task[None] | None = None
         self.relists = 0
         """LISTs made after the first (for metrics and tests)."""
-        self.on_gap: Callable[[], None] | None = None
-        """Called when this informer sees Kopf re-list after its first sync (once per re-list
-        it schedules): other kinds had the same gap, and an emptied one cannot see it."""
+        self.on_gap: Callable[[float], None] | None = None
+        """Called with the clock's time when this informer sees Kopf re-list after a watch
+        gap (once per listing): other kinds had the same gap, and an emptied one cannot see
+        it."""
+        self.listings = 0
+        """Kopf listings seen since the first sync (the first is its watch's start)."""
+        self._listed = 0
+        """Objects of the listing in progress delivered so far."""
+        self._last_listed: float | None = None
+        self._store_size = 0
+        """The store's size when last counted during the listing in progress."""
 
     def add_handler(self, handler: Handler[P]) -> None:
         self._handlers.append(handler)
@@ -86,6 +110,11 @@ class Informer(Generic[P]):
     @property
     def synced(self) -> bool:
         return self.store.synced
+
+    @property
+    def last_list_started(self) -> float | None:
+        """When the last LIST of this informer began (the clock's time), None before any."""
+        return self._last_list_started
 
     # -- LIST
 
@@ -111,10 +140,29 @@ class Informer(Generic[P]):
         change = self.store.delete(obj) if event_type == "DELETED" else self.store.upsert(obj)
         if change is not None:
             self._dispatch([change])
-        # A re-list scheduled here (not one already pending) is a new gap: tell the owner.
-        gap = event_type is None and self.store.synced and self.schedule_relist()
-        if gap and self.on_gap is not None:
-            self.on_gap()
+        if event_type is None and self.store.synced and self._listing_begins():
+            self.schedule_relist()
+            if self.listings > 1 and self.on_gap is not None:
+                # After a gap (not the watch's first listing): the owner has the other kinds
+                # re-listed, even with this kind's own re-list already pending.
+                self.on_gap(self._clock())
+
+    def _listing_begins(self) -> bool:
+        """Count one listed object (already in the store); True if it begins a new listing."""
+        now = self._clock()
+        begins = self._last_listed is None or now - self._last_listed > LISTING_PAUSE_S
+        self._last_listed = now
+        self._listed += 1
+        if not begins and self._listed > self._store_size:
+            # The store's size costs a walk of its namespaces: counted again only when the
+            # listing overruns the last count (once per listing, or when objects were added).
+            self._store_size = len(self.store)
+            begins = self._listed > self._store_size
+        if begins:
+            self._listed = 1
+            self._store_size = len(self.store)
+            self.listings += 1
+        return begins
 
     def _dispatch(self, changes: list[Change[P]]) -> None:
         for change in changes:
@@ -128,10 +176,17 @@ class Informer(Generic[P]):
 
     # -- re-list after a watch gap
 
-    def schedule_relist(self) -> bool:
+    def schedule_relist(self, *, unless_listed_since: float | None = None) -> bool:
         """Reconcile the store with a LIST soon (debounced, and no sooner than the minimum
-        interval after the last LIST); False if one is already scheduled."""
+        interval after the last LIST); False if one is already scheduled, or if a LIST began
+        at or after ``unless_listed_since`` (the clock's time)."""
         if self._relist_task is not None and not self._relist_task.done():
+            return False
+        if (
+            unless_listed_since is not None
+            and self._last_list_started is not None
+            and self._last_list_started >= unless_listed_since
+        ):
             return False
         self._relist_task = asyncio.create_task(self._relist(), name=f"relist-{self.name}")
         return True

@@ -226,6 +226,18 @@ def _kind(value: Any) -> str:
     return builtins.type(value).__name__
 
 
+def hard_names(quota: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """The names of a ResourceQuota-shaped object's ``spec.hard`` and ``status.hard``, in
+    their order (None for a section without a hard map): what decides which kinds a quota
+    names, and a key under which quotas with the same names are looked at once."""
+
+    def names(section: object) -> tuple[str, ...] | None:
+        hard = section.get("hard") if isinstance(section, Mapping) else None
+        return tuple(map(str, hard)) if isinstance(hard, Mapping) else None
+
+    return names(quota.get("spec")), names(quota.get("status"))
+
+
 def names_read(obj: Mapping[str, Any], hard_at: tuple[str, ...]) -> tuple[object, frozenset[str]]:
     """What the webhook rules and the dynamic ``count/`` kinds read of a quota: its spec (the
     names in its hard; a ClusterQuota's measures say which kinds those measure) and the names

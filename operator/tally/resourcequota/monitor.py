@@ -66,6 +66,7 @@ from tally.kube import rest
 from tally.kube.events import WarningRecorder
 from tally.kube.reflector import KubeListWatch, Reflector, StatusError
 from tally.machinery.cache import Store
+from tally.quota.resources import hard_names
 from tally.resourcequota.discovery import (
     DiscoveredResource,
     Discovery,
@@ -120,15 +121,12 @@ def named_resources(
         for evaluator in evaluators
         if evaluator.group_resource not in exclude and not is_ignored(evaluator.group_resource)
     ]
-    found: dict[GroupResource, list[Obj]] = {}
-    for quota_obj in quotas:
+
+    def named_by(sections: tuple[tuple[str, ...] | None, ...]) -> tuple[GroupResource, ...]:
         named: set[GroupResource] = set()
-        for section in ("spec", "status"):
-            part = quota_obj.get(section)
-            hard = part.get("hard") if isinstance(part, Mapping) else None
-            if not isinstance(hard, Mapping):
+        for names in sections:
+            if names is None:
                 continue
-            names = [str(name) for name in hard]
             for name in names:
                 gr = group_resource_for_count_name(name)
                 if gr is not None and gr not in exclude and not is_ignored(gr):
@@ -136,7 +134,19 @@ def named_resources(
             for evaluator in candidates:
                 if evaluator.group_resource not in named and evaluator.matching_resources(names):
                     named.add(evaluator.group_resource)
-        for gr in sorted(named):
+        return tuple(sorted(named))
+
+    # Quotas mostly share their names (a template per team, per tier): each set of names is
+    # looked up once. A pass follows every burst of quota writes that changes names, and one
+    # over 3 000 quotas took 0.14 s of the event loop name by name.
+    by_names: dict[tuple[tuple[str, ...] | None, ...], tuple[GroupResource, ...]] = {}
+    found: dict[GroupResource, list[Obj]] = {}
+    for quota_obj in quotas:
+        sections = hard_names(quota_obj)
+        named = by_names.get(sections)
+        if named is None:
+            named = by_names[sections] = named_by(sections)
+        for gr in named:
             found.setdefault(gr, []).append(quota_obj)
     return found
 

@@ -49,6 +49,7 @@ from typing import Any, Final, NamedTuple
 from tally.evaluators.base import Evaluator, GroupResource, Operation
 from tally.evaluators.registry import group_resource_for_count_name, new_registry
 from tally.machinery.validation import is_dns1123_label
+from tally.quota.resources import hard_names
 
 QUOTA_WEBHOOK_ID: Final = "quota"
 """The quota webhook's id in :class:`~tally.webhook.server.WebhookServer`'s handlers, and so
@@ -167,12 +168,12 @@ def count_resources(
     found: set[GroupResource] = set()
     covered = {GroupResource("", r) for r in CORE_RESOURCES} if core_always else set()
     candidates = [e for e in evaluators if e.group_resource not in covered]
-    for quota in quotas:
-        for section in ("spec", "status"):
-            hard = (quota.get(section) or {}).get("hard") or {}
-            if not isinstance(hard, Mapping):
+    # Each set of names once: quotas mostly share theirs, and this runs after every burst of
+    # quota writes that changes names (0.17 s over 3 000 quotas, name by name).
+    for sections in {hard_names(quota) for quota in quotas}:
+        for names in sections:
+            if names is None:
                 continue
-            names = [str(name) for name in hard]
             for name in names:
                 gr = group_resource_for_count_name(name)
                 if gr is not None and gr not in covered:

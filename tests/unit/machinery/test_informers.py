@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,28 +101,89 @@ def _listing(*objects: dict[str, Any]) -> Any:
     return lister
 
 
-async def test_a_kopf_relist_after_the_first_sync_reconciles_and_tells_the_owner() -> None:
-    # Kopf's re-list (events of type None) never reports what was deleted during the gap: the
-    # informer LISTs itself, and the ghost goes.
-    store: Store[str] = Store(project)
-    informer = Informer(
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _informer(
+    store: Store[str], *objects: dict[str, Any], clock: Clock | None = None
+) -> Informer[str]:
+    """The store's clock is the real one: give a ``clock`` only where no ghost is looked for."""
+    return Informer(
         "pods",
         store,
-        _listing(pod("p", resource_version="2")),
+        _listing(*objects),
+        clock=clock or time.monotonic,
         relist_debounce=0.01,
         min_relist_interval=0.0,
     )
-    gaps: list[str] = []
-    informer.on_gap = lambda: gaps.append("gap")
+
+
+async def test_kopfs_first_listing_relists_the_kind_and_tells_no_owner() -> None:
+    # Kopf's watch starts after tally's own LIST, with a listing of its own: ``ghost`` was
+    # deleted in between, and neither reports it. The informer LISTs once more; the owner
+    # scheduled every kind's re-list at start-up already, so it is not told.
+    store: Store[str] = Store(project)
+    informer = _informer(store, pod("p", resource_version="2"))
+    gaps: list[float] = []
+    informer.on_gap = gaps.append
     store.replace(
         [pod("p", resource_version="1"), pod("ghost", resource_version="1")], started_at=0
     )
     informer.on_event(None, pod("p", resource_version="2"))
-    informer.on_event(None, pod("p", resource_version="2"))  # the same re-list: one gap, one LIST
-    assert ["gap"] == gaps
     assert informer._relist_task is not None
     await informer._relist_task
-    assert (1, ["p"]) == (informer.relists, store.names_in("a"))
+    assert ([], 1, ["p"]) == (gaps, informer.relists, store.names_in("a"))
+
+
+async def test_a_listing_delivered_slowly_is_relisted_once() -> None:
+    # At scale a listing reaches the handlers over minutes, and the re-list it scheduled is
+    # done long before its last object: the rest of the listing schedules nothing more.
+    clock = Clock()
+    store: Store[str] = Store(project)
+    names = [f"p{index}" for index in range(20)]
+    store.replace([pod(name, resource_version="1") for name in names], started_at=0)
+    informer = _informer(store, *(pod(name, resource_version="1") for name in names), clock=clock)
+    for name in names:
+        clock.now += 5.0  # every object well within LISTING_PAUSE_S of the one before
+        informer.on_event(None, pod(name, resource_version="1"))
+        task = informer._relist_task
+        if task is not None:
+            await task
+    assert (1, 1) == (informer.listings, informer.relists)
+
+
+async def test_a_later_listing_is_a_gap_told_to_the_owner_once() -> None:
+    clock = Clock()
+    store: Store[str] = Store(project)
+    store.replace([pod("p", resource_version="1"), pod("q", resource_version="1")], started_at=0)
+    informer = _informer(
+        store, pod("p", resource_version="1"), pod("q", resource_version="1"), clock=clock
+    )
+    gaps: list[float] = []
+    informer.on_gap = gaps.append
+    for name in ("p", "q"):  # Kopf's first listing
+        informer.on_event(None, pod(name, resource_version="1"))
+    assert informer._relist_task is not None
+    await informer._relist_task
+    informer.on_event("MODIFIED", pod("p", resource_version="2"))
+    # A watch gap right after: Kopf lists again, p first. Two objects were listed already and
+    # the store holds two: a third listed object can only be a new listing's.
+    clock.now = 1.0
+    informer.on_event(None, pod("p", resource_version="2"))
+    informer.on_event(None, pod("q", resource_version="1"))
+    assert ([1.0], 2) == (gaps, informer.listings)
+    await informer._relist_task
+    # Another gap, after a silence: a new listing too.
+    clock.now = 100.0
+    informer.on_event(None, pod("q", resource_version="1"))
+    assert ([1.0, 100.0], 3) == (gaps, informer.listings)
+    await informer._relist_task
+    assert 3 == informer.relists
 
 
 async def test_an_emptied_kind_relists_when_told_of_another_kinds_gap() -> None:
@@ -134,19 +196,30 @@ async def test_an_emptied_kind_relists_when_told_of_another_kinds_gap() -> None:
     )
     pods_store: Store[str] = Store(project)
     pods_store.replace([pod("p", resource_version="1")], started_at=0)
-    pods = Informer(
-        "pods",
-        pods_store,
-        _listing(pod("p", resource_version="1")),
-        relist_debounce=0.01,
-        min_relist_interval=0.0,
-    )
-    pods.on_gap = secrets.schedule_relist
-    pods.on_event(None, pod("p", resource_version="1"))
+    clock = Clock()
+    pods = _informer(pods_store, pod("p", resource_version="1"), clock=clock)
+    pods.on_gap = lambda since: secrets.schedule_relist(unless_listed_since=since)
+    pods.on_event(None, pod("p", resource_version="1"))  # Kopf's first listing
+    assert pods._relist_task is not None
+    await pods._relist_task
+    clock.now = 100.0
+    pods.on_event(None, pod("p", resource_version="1"))  # the gap's
     assert secrets._relist_task is not None
     await secrets._relist_task
     assert (1, []) == (secrets.relists, secrets_store.names_in("a"))
     await pods.stop()
+
+
+async def test_a_kind_listed_since_the_gap_is_not_listed_again_for_it() -> None:
+    clock = Clock()
+    store: Store[str] = Store(project)
+    informer = _informer(store, clock=clock)
+    clock.now = 50.0
+    await informer.sync()
+    assert not informer.schedule_relist(unless_listed_since=40.0)
+    assert informer._relist_task is None
+    assert informer.schedule_relist(unless_listed_since=60.0)
+    await informer.stop()
 
 
 async def test_events_before_the_first_sync_schedule_no_relist() -> None:
