@@ -90,9 +90,10 @@ class KubeInformers:
 
     def add_view(self, gr: GroupResource, name: str, projection: Projection) -> Informer[Any]:
         """A second store of ``gr``'s objects, fed by the same events and LIST pages as its
-        informer's; later re-lists are its own."""
+        informer's (its re-lists too)."""
         view: Informer[Any] = Informer(name, Store(projection, name=name), self._lister(gr))
         view.on_gap = self.relist_all
+        self.informers[gr].add_view(view)
         self._views.setdefault(gr, []).append(view)
         return view
 
@@ -114,19 +115,7 @@ class KubeInformers:
 
     async def sync(self, kinds: Iterable[GroupResource]) -> None:
         """The synced point of ``kinds``: each LISTed once, its views from the same pages."""
-        await asyncio.gather(*(self._sync(gr) for gr in kinds))
-
-    async def _sync(self, gr: GroupResource) -> None:
-        informer, views = self.informers[gr], self._views.get(gr, [])
-        if not views:
-            await informer.sync()
-            return
-        syncs = [informer.begin_sync(), *(view.begin_sync() for view in views)]
-        async for page in informer.lister():
-            for sync in syncs:
-                sync.add(page)
-        for sync in syncs:
-            sync.finish()
+        await asyncio.gather(*(self.informers[gr].sync() for gr in kinds))
 
     def relist_all(self, since: float | None = None) -> None:
         """Kopf re-listed one kind after a watch gap seen at ``since`` (the informers' clock):

@@ -102,6 +102,9 @@ class Informer(Generic[P]):
         """Objects of the listing in progress delivered so far."""
         self._last_listed: float | None = None
         self._store_size = 0
+        self._views: list[Informer[Any]] = []
+        self._owner: Informer[Any] | None = None
+        """The informer whose LISTs feed this view (:meth:`add_view`)."""
         """The store's size when last counted during the listing in progress."""
 
     def add_handler(self, handler: Handler[P]) -> None:
@@ -118,11 +121,24 @@ class Informer(Generic[P]):
 
     # -- LIST
 
+    def add_view(self, view: Informer[Any]) -> None:
+        """A second store of this kind (another projection, fed the same events by the
+        owner): every LIST of this informer feeds it the same pages, and its re-lists are this
+        informer's — one LIST of 30 000 pods for both, not one each."""
+        view._owner = self
+        self._views.append(view)
+
     async def sync(self) -> list[Change[P]]:
-        """LIST the kind and reconcile the store with it; dispatch the changes found."""
+        """LIST the kind and reconcile the store (and its views') with it; dispatch the
+        changes found. Returns this store's changes."""
         listing = self.begin_sync()
+        views = [view.begin_sync() for view in self._views]
         async for page in self.lister():
             listing.add(page)
+            for view_listing in views:
+                view_listing.add(page)
+        for view_listing in views:
+            view_listing.finish()
         return listing.finish()
 
     def begin_sync(self) -> ListSync[P]:
@@ -180,6 +196,8 @@ class Informer(Generic[P]):
         """Reconcile the store with a LIST soon (debounced, and no sooner than the minimum
         interval after the last LIST); False if one is already scheduled, or if a LIST began
         at or after ``unless_listed_since`` (the clock's time)."""
+        if self._owner is not None:
+            return self._owner.schedule_relist(unless_listed_since=unless_listed_since)
         if self._relist_task is not None and not self._relist_task.done():
             return False
         if (

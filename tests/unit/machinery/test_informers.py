@@ -79,6 +79,32 @@ async def test_two_informers_fed_from_one_list() -> None:
     assert second.synced
 
 
+async def test_a_view_is_listed_and_relisted_by_its_owners_one_list() -> None:
+    lists = 0
+
+    async def lister() -> AsyncIterator[list[dict[str, Any]]]:
+        nonlocal lists
+        lists += 1
+        yield [pod("p", resource_version="1")]
+
+    async def never() -> AsyncIterator[list[dict[str, Any]]]:
+        raise AssertionError("a view's LIST is its owner's")
+        yield []
+
+    owner = Informer("pods", Store(project), lister, relist_debounce=0.01, min_relist_interval=0)
+    view = Informer("pods(view)", Store(lambda o: o["metadata"]["name"]), never)
+    owner.add_view(view)
+    view.store.upsert(pod("ghost", resource_version="1"))
+    await owner.sync()
+    assert (1, ["p"], ["p"]) == (lists, owner.store.names_in("a"), view.store.names_in("a"))
+    # The view's own re-list (its first listing from Kopf) is its owner's.
+    view.on_event(None, pod("p", resource_version="1"))
+    assert view._relist_task is None
+    assert owner._relist_task is not None
+    await owner._relist_task
+    assert 2 == lists
+
+
 async def test_a_list_failing_mid_way_keeps_its_pages_and_does_not_sync() -> None:
     async def failing() -> AsyncIterator[list[dict[str, Any]]]:
         yield [pod("p", resource_version="1")]
