@@ -192,6 +192,7 @@ class QuotaSystem:
             self.stores,
             self.accessor,
             workers=settings.workers,
+            missing_usage_workers=settings.missing_usage_workers,
             resync_period=settings.resync_period,
             metrics_provider=metrics.workqueue,
             observer=metrics,

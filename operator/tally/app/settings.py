@@ -101,6 +101,10 @@ class Settings(BaseModel):
     workers: int = Field(default=5, ge=1, le=100)
     """``TALLY_WORKERS``: workers per quota controller queue (upstream
     ``--concurrent-resource-quota-syncs``)."""
+    missing_usage_workers: int = Field(default=20, ge=1, le=200)
+    """``TALLY_MISSING_USAGE_WORKERS``: the ResourceQuota controller's workers for quotas
+    without usage (every quota at a cold start, new quotas); see
+    ``tally.resourcequota.controller.DEFAULT_MISSING_USAGE_WORKERS``."""
     metrics_addr: str = "0.0.0.0"
     """``TALLY_METRICS_ADDR``: where ``/metrics`` listens."""
     metrics_port: int = Field(default=8080, ge=0, le=65535)

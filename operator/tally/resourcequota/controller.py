@@ -66,6 +66,13 @@ DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 someone else, or a usage change no event reported, stays wrong."""
 DEFAULT_WORKERS: Final = 5
 """Upstream ``--concurrent-resource-quota-syncs`` default, per queue."""
+DEFAULT_MISSING_USAGE_WORKERS: Final = 20
+"""Workers of the queue of quotas without usage (every quota at a cold start, and new ones).
+Upstream's five are enough where a sync is a few microseconds of Go between writes; here each
+worker's sync waits its turn on an event loop that at start-up is replaying Kopf's listing of
+every object, so a cold start waits on how many syncs are in flight. bench/scale.py, 30 000
+pods and 3 000 quotas, every quota correct after 74 s with 5 workers, 38.5 s with 20, 35.6 s
+with 50."""
 
 PRIMARY_QUEUE: Final = "resourcequota_primary"
 PRIORITY_QUEUE: Final = "resourcequota_priority"
@@ -125,6 +132,7 @@ class ResourceQuotaController:
         writer: QuotaStatusWriter,
         *,
         workers: int = DEFAULT_WORKERS,
+        missing_usage_workers: int = DEFAULT_MISSING_USAGE_WORKERS,
         resync_period: float = DEFAULT_RESYNC_PERIOD_S,
         metrics_provider: MetricsProvider | None = None,
         observer: SyncObserver | None = None,
@@ -172,7 +180,7 @@ class ResourceQuotaController:
             WorkerPool(
                 self.missing_usage_queue,
                 self._sync_key,
-                workers=workers,
+                workers=missing_usage_workers,
                 name=PRIORITY_QUEUE,
                 expected=(Conflict,),
             ),

@@ -14,11 +14,15 @@ def test_defaults_are_upstreams() -> None:
     # --concurrent-resource-quota-syncs=5.
     settings = Settings.from_env({})
     assert (settings.resync_period, settings.workers) == (300.0, 5)
+    assert 20 == settings.missing_usage_workers
 
 
 def test_environment_overrides() -> None:
-    settings = Settings.from_env({"TALLY_RESYNC_PERIOD": "2.5", "TALLY_WORKERS": "3"})
+    settings = Settings.from_env(
+        {"TALLY_RESYNC_PERIOD": "2.5", "TALLY_WORKERS": "3", "TALLY_MISSING_USAGE_WORKERS": "7"}
+    )
     assert (settings.resync_period, settings.workers) == (2.5, 3)
+    assert 7 == settings.missing_usage_workers
 
 
 @pytest.mark.parametrize(
@@ -26,6 +30,11 @@ def test_environment_overrides() -> None:
     [
         pytest.param({"TALLY_WORKERS": "0"}, "TALLY_WORKERS='0'", id="no-workers"),
         pytest.param({"TALLY_WORKERS": "five"}, "TALLY_WORKERS='five'", id="not-a-number"),
+        pytest.param(
+            {"TALLY_MISSING_USAGE_WORKERS": "0"},
+            "TALLY_MISSING_USAGE_WORKERS='0'",
+            id="no-missing-usage-workers",
+        ),
         pytest.param({"TALLY_API_CONNECTIONS": "0"}, "TALLY_API_CONNECTIONS='0'", id="no-conn"),
         pytest.param(
             {"TALLY_API_CONNECTIONS": "100000"}, "TALLY_API_CONNECTIONS='100000'", id="absurd-conn"
