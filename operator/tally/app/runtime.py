@@ -98,15 +98,15 @@ class Runtime:
         """``api``: the controllers' requests (and the rest of tally's), through a pool of
         ``TALLY_API_CONNECTIONS`` (:func:`tally.kube.rest.make_api_client`). ``dedicated_api``
         (default: ``api``): a client without that limit, for what must never wait behind them:
-        admission's reads and writes (a pod the PodSet controller creates waits for tally's
-        webhook; were the webhook's status write queued behind that create's connection, both
-        would wait out the webhook's timeout), the Lease's renewals (one queued behind a burst
-        would lose the lease). Admission needs no limit: its lanes bound what it has in
-        flight. ``watch_api`` (default: ``dedicated_api``): the ``count/`` reflectors' lists
-        and watches, outside the limit too (each watch holds a connection for minutes), on a
-        client whose pool is never renewed (a watch lasts up to 10.5 minutes; the other
-        two clients' pools are renewed every ``TALLY_API_POOL_RENEWAL_PERIOD``, and a retired
-        pool is closed once its longest request must have ended).
+        admission's reads and writes (a pod the PodSet controller creates waits for tally's webhook;
+        were the webhook's status write queued behind that create's connection, both would wait out
+        the webhook's timeout), the Lease's renewals (one queued behind a burst would lose the
+        lease), the webhook configuration's writes. Admission needs no limit: its lanes bound what
+        it has in flight. ``watch_api`` (default: ``dedicated_api``): the ``count/`` reflectors'
+        lists and watches, outside the limit too (each watch holds a connection for minutes), on a
+        client whose pool is never renewed (a watch lasts up to 10.5 minutes; the other two clients'
+        pools are renewed every ``TALLY_API_POOL_RENEWAL_PERIOD``, and a retired pool is closed once
+        its longest request must have ended).
         ``on_leadership_lost``: called once the controllers stopped after the lease was
         lost; it must end the process (the Kopf layer stops it gracefully)."""
         self.settings = settings
@@ -152,7 +152,9 @@ class Runtime:
             )
         # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle).
         self.pod_views = self.caches.add_view(PODS, "pods(podset)", pod_view)
-        self.serving = WebhookServing(settings, api, self.metrics)
+        self.serving = WebhookServing(
+            settings, api, self.metrics, registration_api=self.dedicated_api
+        )
         self.quota = QuotaSystem(
             settings,
             api,

@@ -176,6 +176,18 @@ async def test_the_heap_is_trimmed_unless_turned_off() -> None:
         assert runtime.heap_trimmer is None
 
 
+async def test_the_webhook_configuration_is_written_on_the_dedicated_client() -> None:
+    # Never behind the controllers' pool: at a cold start their first status writes fill it.
+    clients = [client.ApiClient() for _ in range(2)]
+    api, dedicated = clients
+    try:
+        runtime = Runtime(Settings(), api, dedicated_api=dedicated)
+        assert runtime.serving.registration_api is dedicated
+    finally:
+        for opened in clients:
+            await opened.close()
+
+
 async def test_the_requests_pools_are_renewed_and_the_watches_never() -> None:
     clients = [client.ApiClient() for _ in range(3)]
     api, dedicated, watches = clients
