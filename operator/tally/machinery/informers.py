@@ -6,8 +6,8 @@ what Kopf does not give a plain event handler:
 
 * **a synced point** — :meth:`Informer.sync` LISTs the kind itself and replaces the store,
   page by page (only one page of raw objects is held at a time); the controllers start their
-  workers only after every informer synced (``WaitForCacheSync``). Informers of one kind can
-  share one LIST (:meth:`Informer.begin_sync` for each, fed the same pages);
+  workers only after every informer synced (``WaitForCacheSync``). A second store of one kind
+  (:meth:`Informer.add_view`) is fed its informer's LIST pages, re-lists included;
 * **no ghosts** — when Kopf re-lists after a watch gap (its events then arrive with type
   ``None``) it never reports the objects deleted during the gap. Seeing such a listing begin
   after the first sync, the informer schedules a LIST of its own and reconciles the store
@@ -21,9 +21,10 @@ what Kopf does not give a plain event handler:
   minutes (30 000 pods through a busy event loop). Only the *first* object of a listing may
   schedule a re-list: a new listing is told from the one in progress by more listed objects
   than the store holds (each listed object is in the store once delivered, so only a second
-  listing overruns it) or by a pause of ``LISTING_PAUSE_S`` between listed objects. Scheduling
-  on every listed object once the last re-list was done re-listed every kind again and again
-  for as long as the listing lasted, each re-list slowing the listing further.
+  listing overruns it) or by a pause of ``LISTING_PAUSE_S`` between listed objects. Were every
+  listed object that arrives after the last re-list to schedule another, every kind would
+  re-list every ``MIN_RELIST_INTERVAL_S`` for as long as the listing lasts, each re-list
+  slowing the listing further.
 * **the first listing is no gap** — Kopf lists every kind once when its watches start, after
   tally's start-up LISTs, so what was deleted in between would stay a ghost: the owner
   schedules one re-list of every kind at start-up (the emptied kinds too). A kind's first
@@ -102,10 +103,10 @@ class Informer(Generic[P]):
         """Objects of the listing in progress delivered so far."""
         self._last_listed: float | None = None
         self._store_size = 0
+        """The store's size when last counted during the listing in progress."""
         self._views: list[Informer[Any]] = []
         self._owner: Informer[Any] | None = None
         """The informer whose LISTs feed this view (:meth:`add_view`)."""
-        """The store's size when last counted during the listing in progress."""
 
     def add_handler(self, handler: Handler[P]) -> None:
         self._handlers.append(handler)
