@@ -18,7 +18,7 @@ on objects read back from the API.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from tally.evaluators.base import (
@@ -149,6 +149,33 @@ def new_registry(clock: Clock = time.time) -> Registry:
         ObjectCountEvaluator(gr, alias) for gr, alias in LEGACY_OBJECT_COUNT_ALIASES.items()
     )
     return Registry(evaluators)
+
+
+def kinds_named(
+    sections: Iterable[Iterable[str] | None],
+    evaluators: Iterable[Evaluator],
+    *,
+    keep: Callable[[GroupResource], bool] = lambda gr: True,
+) -> set[GroupResource]:
+    """The kinds a quota's hard names name (``sections``: the names of its ``spec.hard`` and
+    ``status.hard``, None for a section without one), among those ``keep`` keeps: by
+    ``count/<r>[.<g>]``, or by a name one of ``evaluators`` measures
+    (``gold.deviceclass.resource.k8s.io/devices`` names ``resourceclaims.resource.k8s.io``).
+    What the webhook rules and the watched ``count/`` kinds both follow."""
+    named: set[GroupResource] = set()
+    candidates = [e for e in evaluators if keep(e.group_resource)]
+    for section in sections:
+        if section is None:
+            continue
+        names = list(section)
+        for name in names:
+            gr = group_resource_for_count_name(name)
+            if gr is not None and keep(gr):
+                named.add(gr)
+        for evaluator in candidates:
+            if evaluator.group_resource not in named and evaluator.matching_resources(names):
+                named.add(evaluator.group_resource)
+    return named
 
 
 def group_resource_for_count_name(name: str) -> GroupResource | None:

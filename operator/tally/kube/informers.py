@@ -71,7 +71,6 @@ class KubeInformers:
         self._optional = optional
         self._namespaces = namespaces
         self.informers: dict[GroupResource, Informer[Any]] = {}
-        self._views: dict[GroupResource, list[Informer[Any]]] = {}
 
     def add(
         self,
@@ -94,11 +93,10 @@ class KubeInformers:
         view: Informer[Any] = Informer(name, Store(projection, name=name), self._lister(gr))
         view.on_gap = self.relist_all
         self.informers[gr].add_view(view)
-        self._views.setdefault(gr, []).append(view)
         return view
 
     def all(self) -> list[Informer[Any]]:
-        return [*self.informers.values(), *(v for views in self._views.values() for v in views)]
+        return [*self.informers.values(), *(v for i in self.informers.values() for v in i.views)]
 
     def _lister(self, gr: GroupResource) -> Lister:
         # None: all namespaces at once (and the only choice for cluster-scoped kinds).
@@ -136,9 +134,10 @@ class KubeInformers:
         ):
             return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
         informer = self.informers.get(gr)
-        if informer is not None:
-            informer.on_event(event_type, obj)
-        for view in self._views.get(gr, ()):
+        if informer is None:
+            return
+        informer.on_event(event_type, obj)
+        for view in informer.views:
             view.on_event(event_type, obj)
 
     async def stop(self) -> None:

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from tally.machinery.cache import Change, Replacement, Store
@@ -121,6 +121,12 @@ class Informer(Generic[P]):
         return self._last_list_started
 
     # -- LIST
+
+    @property
+    def views(self) -> Sequence[Informer[Any]]:
+        """The second stores of this kind (:meth:`add_view`); read on every event, so the
+        list itself, not a copy."""
+        return self._views
 
     def add_view(self, view: Informer[Any]) -> None:
         """A second store of this kind (another projection, fed the same events by the

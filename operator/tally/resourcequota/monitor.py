@@ -61,7 +61,7 @@ from kubernetes_asyncio import client
 from tally.charges import ChargeLedger
 from tally.evaluators.base import Evaluator, GroupResource
 from tally.evaluators.generic import ObjectCountEvaluator
-from tally.evaluators.registry import Registry, group_resource_for_count_name
+from tally.evaluators.registry import Registry, kinds_named
 from tally.kube import rest
 from tally.kube.events import WarningRecorder
 from tally.kube.reflector import KubeListWatch, Reflector, StatusError
@@ -116,24 +116,12 @@ def named_resources(
     ``status.hard`` counts too: a quota whose spec dropped a name still shows it in status until
     the controller's next write, and upstream keeps monitoring what status names.
     """
-    candidates = [
-        evaluator
-        for evaluator in evaluators
-        if evaluator.group_resource not in exclude and not is_ignored(evaluator.group_resource)
-    ]
+    registered = list(evaluators)
 
     def named_by(sections: tuple[tuple[str, ...] | None, ...]) -> tuple[GroupResource, ...]:
-        named: set[GroupResource] = set()
-        for names in sections:
-            if names is None:
-                continue
-            for name in names:
-                gr = group_resource_for_count_name(name)
-                if gr is not None and gr not in exclude and not is_ignored(gr):
-                    named.add(gr)
-            for evaluator in candidates:
-                if evaluator.group_resource not in named and evaluator.matching_resources(names):
-                    named.add(evaluator.group_resource)
+        named = kinds_named(
+            sections, registered, keep=lambda gr: gr not in exclude and not is_ignored(gr)
+        )
         return tuple(sorted(named))
 
     # Quotas mostly share their names (a template per team, per tier): each set of names is
