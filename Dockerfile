@@ -34,6 +34,6 @@ COPY operator/main.py /app/operator/main.py
 WORKDIR /app
 USER 65532:65532
 # webhook (TALLY_WEBHOOK_PORT), metrics (TALLY_METRICS_PORT), Kopf liveness (--liveness).
-EXPOSE 9443 8080 8081
+EXPOSE 9443 8080 8081 8082
 ENTRYPOINT ["kopf", "run", "/app/operator/main.py", "--all-namespaces", "--standalone", \
             "--liveness=http://0.0.0.0:8081/healthz"]

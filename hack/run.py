@@ -65,6 +65,7 @@ def main() -> int:
 
         liveness_port = cluster.free_port()
         metrics_port = cluster.free_port()
+        readiness_port = cluster.free_port()
         print(
             "\n[run] tally is starting. From another shell:\n"
             f"    export KUBECONFIG={kubeconfig}\n"
@@ -72,6 +73,7 @@ def main() -> int:
             "    kubectl get ns\n"
             f"  liveness: http://127.0.0.1:{liveness_port}/healthz\n"
             f"  metrics:  http://127.0.0.1:{metrics_port}/metrics\n"
+            f"  ready:    http://127.0.0.1:{readiness_port}/readyz\n"
             "  Ctrl-C here stops the operator"
             + (" and the control plane.\n" if started_here else ".\n"),
             flush=True,
@@ -93,6 +95,8 @@ def main() -> int:
                 "KUBECONFIG": kubeconfig,
                 "TALLY_METRICS_ADDR": "127.0.0.1",
                 "TALLY_METRICS_PORT": str(metrics_port),
+                "TALLY_READINESS_ADDR": "127.0.0.1",
+                "TALLY_READINESS_PORT": str(readiness_port),
                 "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
                 **mutual_tls,
             },

@@ -360,6 +360,7 @@ class TallyProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_url = ""
         self.liveness_url = ""
+        self.readiness_url = ""
         self.webhook_port = 0
         self.starts = 0
         self._token_kubeconfig: Path | None = None
@@ -431,6 +432,10 @@ class TallyProcess:
         """Whether this process's liveness endpoint answers 200."""
         return bool(self.liveness_url) and self._live(self.liveness_url)
 
+    def ready(self) -> bool:
+        """Whether this process's readiness endpoint answers 200 (``tally.app.readiness``)."""
+        return bool(self.readiness_url) and self._live(self.readiness_url)
+
     def prepare(self) -> Path:
         """The kubeconfig tally runs with. With the ServiceAccount's credentials, the first
         call grants the manifests' RBAC and writes a token's kubeconfig; later calls (a
@@ -458,6 +463,8 @@ class TallyProcess:
         self.liveness_url = liveness_url
         metrics_port = cluster.free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        readiness_port = cluster.free_port()
+        self.readiness_url = f"http://127.0.0.1:{readiness_port}/readyz"
         settings = {"TALLY_NAMESPACE": OWN_NAMESPACE, **self.extra_env}
         kubeconfig = self.prepare()
         env = {
@@ -465,6 +472,8 @@ class TallyProcess:
             "KUBECONFIG": str(kubeconfig),
             "TALLY_METRICS_ADDR": "127.0.0.1",
             "TALLY_METRICS_PORT": str(metrics_port),
+            "TALLY_READINESS_ADDR": "127.0.0.1",
+            "TALLY_READINESS_PORT": str(readiness_port),
             "TALLY_WEBHOOK_PORT": str(cluster.free_port()),
             **mutual_tls_env(self.admin_kubeconfig),
             **settings,

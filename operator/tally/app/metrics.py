@@ -25,6 +25,8 @@
   quotas, e.g. ``FailedList`` while the API server cannot list the kind);
 * leader election: ``tally_leader{identity}``, 1 while this process runs the controllers (it
   holds the Lease, or runs without election), else 0; the sum over replicas should be 1;
+* the event loop: ``tally_event_loop_lag_seconds``, how late a timer set every 0.1 s fired
+  (what readiness waits on at the start, :mod:`tally.app.readiness`);
 * the webhook server's certificate: ``tally_webhook_certificate_expiry_timestamp_seconds``, the
   notAfter (Unix time) of the certificate it presents now, set whenever one is loaded (at
   start-up, after a renewal, after someone else replaced it), so an alert sees a renewal that
@@ -221,6 +223,13 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
+        self.loop_lag = Histogram(
+            "tally_event_loop_lag_seconds",
+            "How late a timer set every 0.1 s on the event loop fired: how long anything ready "
+            "to run (a review's next step, a watch event) waited for its turn.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
         self.webhook_certificate_expiry = Gauge(
             "tally_webhook_certificate_expiry_timestamp_seconds",
             "notAfter, as Unix time, of the serving certificate the webhook server presents "
@@ -355,6 +364,11 @@ class Metrics:
 
     def heap_trimmed(self, seconds: float) -> None:
         self.heap_trim_duration.observe(seconds)
+
+    # -- tally.app.readiness
+
+    def loop_lagged(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
 
     # -- leader election
 

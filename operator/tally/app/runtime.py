@@ -42,6 +42,7 @@ from tally.app.kinds import (
 from tally.app.leading import Leading
 from tally.app.metrics import Metrics
 from tally.app.quota_system import QuotaSystem
+from tally.app.readiness import Readiness, ReadinessEndpoint
 from tally.app.serving import WebhookServing
 from tally.app.settings import Settings
 from tally.clusterquota.controller import namespace_labels
@@ -199,6 +200,13 @@ class Runtime:
             on_lost=on_leadership_lost,
         )
         self._metrics_runner: web.AppRunner | None = None
+        self.readiness = Readiness(
+            max_lag=settings.readiness_max_loop_lag,
+            window=settings.readiness_window,
+            timeout=settings.readiness_timeout,
+            on_lag=self.metrics.loop_lagged,
+        )
+        self.readiness_endpoint = ReadinessEndpoint(self.readiness)
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
         self.pod_views.add_handler(self.podset_controller.on_pod)
 
@@ -223,6 +231,8 @@ class Runtime:
                 else None,
             )
         try:
+            # Unready (503) from the first moment the kubelet can probe.
+            await self.readiness_endpoint.start(settings.readiness_addr, settings.readiness_port)
             await self._sync_and_check()
             if settings.webhook_enabled:
                 # Before anything starts: a certificate that cannot be had (the Secret refused,
@@ -230,7 +240,8 @@ class Runtime:
                 await self.serving.load()
         except BaseException:
             # Nothing else runs yet; Kopf retries a failed start in a fresh Runtime, which
-            # binds the metrics port again.
+            # binds the metrics and readiness ports again.
+            await self.readiness_endpoint.stop()
             await self._stop_metrics()
             raise
         # Kopf's watches start after this handler, each with a listing of its own: what was
@@ -265,6 +276,9 @@ class Runtime:
                 evaluators=self.registry.list,
                 core_always=self.quota.enforces_resource_quotas,
             )
+        # Ready once the loop is prompt, not at once: Kopf's watches replay their listings
+        # from here on (tally.app.readiness).
+        self.readiness.serving(asyncio.get_running_loop().time())
         self.leadership.start(settings, self.dedicated_api)
 
     async def _sync_and_check(self) -> None:
@@ -303,6 +317,8 @@ class Runtime:
         def left() -> float:
             return max(0.0, deadline - loop.time())
 
+        # Out of the Service's endpoints first (the preStop sleep gives that its time).
+        self.readiness.stopping()
         # No new review from here; those in progress finish while admission still runs.
         await self.serving.stop_serving(within=left())
         # The lease guards the controllers and the registration: release it only once they
@@ -322,6 +338,7 @@ class Runtime:
         if self.pool_renewal is not None:
             # Last: everything above may still send; the current pools are the clients' owners'.
             await self.pool_renewal.stop()
+        await self.readiness_endpoint.stop()
         await self._stop_metrics()
 
     async def _stop_metrics(self) -> None:

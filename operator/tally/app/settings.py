@@ -109,6 +109,21 @@ class Settings(BaseModel):
     """``TALLY_METRICS_ADDR``: where ``/metrics`` listens."""
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     """``TALLY_METRICS_PORT``: ``/metrics`` port; 0 turns the endpoint off."""
+    readiness_addr: str = "0.0.0.0"
+    """``TALLY_READINESS_ADDR``: where ``/readyz`` listens (plain HTTP: it tells only whether
+    this replica is ready, and why not)."""
+    readiness_port: int = Field(default=8082, ge=0, le=65535)
+    """``TALLY_READINESS_PORT``: ``/readyz`` port, for the kubelet's readiness probe; 0 turns
+    the endpoint off (the loop's lag is still sampled for the metric)."""
+    readiness_max_loop_lag: float = Field(default=0.1, gt=0, le=60)
+    """``TALLY_READINESS_MAX_LOOP_LAG``: seconds the event loop may run late and the replica
+    still count as answering promptly (see :mod:`tally.app.readiness`)."""
+    readiness_window: float = Field(default=5.0, gt=0, le=3600)
+    """``TALLY_READINESS_WINDOW``: seconds in a row, since the webhook began to serve, that
+    the loop must stay within ``TALLY_READINESS_MAX_LOOP_LAG`` before the replica is ready."""
+    readiness_timeout: float = Field(default=300.0, gt=0, le=86400)
+    """``TALLY_READINESS_TIMEOUT``: seconds after the webhook began to serve when the replica
+    reports ready even if its loop never was prompt for a whole window (with a warning)."""
     metrics_auth: Literal["auto", "kubernetes", "none"] = "auto"
     """``TALLY_METRICS_AUTH``: who may read ``/metrics`` (quota names, namespaces, every
     tenant's usage). ``kubernetes``: HTTPS, and only a bearer token the API server
@@ -301,6 +316,16 @@ class Settings(BaseModel):
                 f"{self.leader_election_renew_deadline:g}, "
                 f"{ENV_PREFIX}LEADER_ELECTION_RETRY_PERIOD="
                 f"{self.leader_election_retry_period:g}: {problem} (client-go's rules)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _readiness_window_within_timeout(self) -> Settings:
+        if self.readiness_window > self.readiness_timeout:
+            raise ValueError(
+                f"{ENV_PREFIX}READINESS_WINDOW={self.readiness_window:g} exceeds "
+                f"{ENV_PREFIX}READINESS_TIMEOUT={self.readiness_timeout:g}: the replica would "
+                "report ready at the timeout before any window could pass"
             )
         return self
 

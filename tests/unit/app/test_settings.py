@@ -380,3 +380,49 @@ def test_bad_metrics_auth_is_named(value: str) -> None:
     with pytest.raises(SettingsError, match="invalid settings") as error:
         Settings.from_env({"TALLY_METRICS_AUTH": value})
     assert f"TALLY_METRICS_AUTH={value!r}" in str(error.value)
+
+
+def test_readiness_defaults_and_overrides() -> None:
+    defaults = Settings.from_env({})
+    # 8081 is Kopf's liveness endpoint in the image's command; readiness is the next port.
+    assert ("0.0.0.0", 8082) == (defaults.readiness_addr, defaults.readiness_port)
+    assert (0.1, 5.0, 300.0) == (
+        defaults.readiness_max_loop_lag,
+        defaults.readiness_window,
+        defaults.readiness_timeout,
+    )
+    settings = Settings.from_env(
+        {
+            "TALLY_READINESS_PORT": "0",
+            "TALLY_READINESS_MAX_LOOP_LAG": "0.25",
+            "TALLY_READINESS_WINDOW": "2",
+            "TALLY_READINESS_TIMEOUT": "2",
+        }
+    )
+    assert (0, 0.25, 2.0, 2.0) == (
+        settings.readiness_port,
+        settings.readiness_max_loop_lag,
+        settings.readiness_window,
+        settings.readiness_timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        pytest.param(
+            {"TALLY_READINESS_MAX_LOOP_LAG": "0"}, "TALLY_READINESS_MAX_LOOP_LAG='0'", id="no-lag"
+        ),
+        pytest.param({"TALLY_READINESS_WINDOW": "-5"}, "TALLY_READINESS_WINDOW='-5'", id="neg"),
+        pytest.param({"TALLY_READINESS_PORT": "70000"}, "TALLY_READINESS_PORT='70000'", id="port"),
+        pytest.param(
+            {"TALLY_READINESS_WINDOW": "60", "TALLY_READINESS_TIMEOUT": "30"},
+            "TALLY_READINESS_WINDOW=60 exceeds TALLY_READINESS_TIMEOUT=30",
+            id="window-past-timeout",
+        ),
+    ],
+)
+def test_bad_readiness_settings_are_named(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match="invalid settings") as error:
+        Settings.from_env(environ)
+    assert named in str(error.value)
