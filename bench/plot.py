@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         result = json.loads(path.read_text())
         if "figures" not in result:
-            print(f"{path}: no figures (written before bench/_common.write_results), skipped",
-                  file=sys.stderr)  # fmt: skip
+            print(f"{path}: no figures (a series, or written before "
+                  f"bench/_common.write_results), skipped", file=sys.stderr)  # fmt: skip
             continue
         picture = path.with_suffix(".png")
         draw(result, picture)

@@ -20,6 +20,28 @@ Two control planes, one after the other (each in a temporary directory, stopped 
   (default 60 s: after the one re-list of every kind that tally's informers make ~30 s in),
   with its peak.
 
+Also measured, on the operator plane (as the Deployment runs tally: leader election on, the
+ClusterQuota and AppliedClusterQuota kinds installed):
+
+* **ready**: when ``/readyz`` first answered 200 (``tally.app.readiness``);
+* **one ClusterQuota over every namespace** (created, with the per-namespace quota's names,
+  before tally starts): when its ``status.total.used`` equals the sums over every namespace;
+* **creates while starting** (``bench/scale_startup.py``): configmap creates at 10/s, open
+  loop, into a namespace of their own whose quota counts them (its status written before
+  tally starts, as a quota system that ran before would have left it), from the spawn until
+  the memory is read; p50/p99 of those sent between the webhook's registration and ready, and
+  of those sent once ready (what reviews see when a Service sends them only to ready
+  replicas; the local planes' webhook is a URL, so the API server calls the replica before it
+  is ready too). Upstream's, at the same rate, from its first quota create until
+  ``PROBE_TAIL_S`` after its quotas are correct;
+* **takeover** (``--takeover``, the default): a follower is started once the memory is read
+  and is waited for until ready; then the leader is killed (SIGKILL: no Lease released, as a
+  lost node), a pod is deleted at once, and the benchmark times the follower's "acquired
+  lease" and its first status of that pod's quota that shows the deletion.
+
+Every run adds its row to ``bench/results/scale-series.json`` and redraws the series' picture
+(``bench/scale_series.py``).
+
 "Correct" is computed from what the benchmark created: ``pods`` counts the non-terminal pods,
 ``count/pods`` every pod, ``requests.cpu``/``requests.memory`` sum the non-terminal pods'
 requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.crt`` one that
@@ -39,6 +61,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import re
 import sys
@@ -51,7 +74,10 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+import scale_series
+import scale_startup
 from _common import (
+    REPO,
     Figure,
     Raw,
     api_client,
@@ -59,12 +85,14 @@ from _common import (
     cluster,
     control_plane,
     cpu_seconds,
+    kubectl,
     machine,
     memory_of,
     mib,
     operator_process,
     write_results,
 )
+from scale_startup import CLUSTER_QUOTAS_PATH, CreateProbe, Window, window
 from tally.quota.quantity import Quantity, parse_quantity
 
 TARGET_CONVERGENCE_S = 30.0
@@ -74,6 +102,24 @@ QUIET_CPU_FRACTION = 0.10
 """tally counts as quiet once a 2 s window used less than this share of one core."""
 QUIET_WINDOW_S = 2.0
 QUIET_LIMIT_S = 90.0
+PROBE_TAIL_S = 10.0
+"""Upstream's creates are probed until this long after its quotas are all correct."""
+TARGET_PROBE_RATIO = 2.0
+"""tally's create p99 once ready, during its start-up, against upstream's during its own."""
+TARGET_TAKEOVER_S = 10.0
+"""From the new leader's lease to its first correct quota status."""
+READY_LIMIT_S = 900.0
+CLUSTER_HARD = {
+    "pods": "10M",
+    "count/pods": "10M",
+    "requests.cpu": "1M",
+    "requests.memory": "1Pi",
+    "count/configmaps": "10M",
+}
+CRDS = ("clusterquotas.tally.dev.yaml", "appliedclusterquotas.tally.dev.yaml")
+LEADER_ELECTION = {"TALLY_LEADER_ELECTION": "true"}
+"""As the Deployment runs tally: the takeover needs a Lease, and the first replica takes it at
+once (there is no holder)."""
 CONFIGMAPS_PER_NAMESPACE = 2
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
 QUOTA = "q"
@@ -91,6 +137,7 @@ HARD = {
     "requests.memory": "1Ti",
     "count/configmaps": "1k",
 }
+RESULTS_JSON = scale_series.RESULTS / "scale.json"
 WEBHOOK_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/tally.dev"
 
 
@@ -219,7 +266,13 @@ async def populate(raw: Raw, data: Input, concurrency: int) -> dict[str, float]:
         return lambda: raw.create(path, body)
 
     steps["namespaces"] = await bounded(
-        (create("/api/v1/namespaces", {"metadata": {"name": ns}}) for ns in data.namespaces),
+        (
+            create(
+                "/api/v1/namespaces",
+                {"metadata": {"name": ns, "labels": {scale_startup.MEMBER_LABEL: "true"}}},
+            )
+            for ns in data.namespaces
+        ),
         concurrency,
         label="namespaces",
         total=len(data.namespaces),
@@ -378,6 +431,28 @@ class ReferenceResult:
     convergence_s: float
     kcm_rss: int
     kcm_peak: int
+    probe: Window
+    """Creates sent from the first quota create until PROBE_TAIL_S after convergence."""
+
+
+@dataclasses.dataclass
+class Takeover:
+    """A follower started once the leader's start-up was over; then the leader killed
+    (SIGKILL, as a lost node: no Lease released), one pod deleted at once, and the follower's
+    first status of that pod's quota that shows the deletion."""
+
+    follower_ready_s: float | None
+    """From the follower's spawn to its ``/readyz`` 200."""
+    lease_s: float | None
+    """From the kill to the follower's "acquired lease" (the Lease's duration must pass)."""
+    correct_s: float | None
+    """From the kill to the quota's correct status."""
+
+    @property
+    def after_lease_s(self) -> float | None:
+        if self.lease_s is None or self.correct_s is None:
+            return None
+        return self.correct_s - self.lease_s
 
 
 @dataclasses.dataclass
@@ -397,6 +472,19 @@ class OperatorResult:
     settled_s: float = 0.0
     relists: int = 0
     """Informer re-lists that reconciled changes (logged by tally)."""
+    ready_s: float | None = None
+    """``/readyz`` first answered 200."""
+    lease_s: float | None = None
+    cluster_quota_s: float | None = None
+    """The ClusterQuota over every namespace showed every namespace's sums."""
+    probe_before_ready: Window | None = None
+    """Creates sent after the webhook was registered and before tally reported ready: what a
+    replica would answer were reviews sent to it before it is ready."""
+    probe_after_ready: Window | None = None
+    """Creates sent once tally reported ready, until the memory was read."""
+    probe_unjudged: int = 0
+    """Creates sent before the webhook was registered (nothing judged them)."""
+    takeover: Takeover | None = None
     samples: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
     """(seconds since start, CPU seconds used, RSS) every ~0.5 s."""
     syncs: str = ""
@@ -406,14 +494,22 @@ async def run_reference(state: cluster.State, data: Input, concurrency: int) -> 
     api = await api_client(state.kubeconfig)
     raw = Raw(api)
     try:
+        probe = CreateProbe(raw)
+        await probe.prepare(write_status=False)  # upstream's controller computes its status
         steps = await populate(raw, data, concurrency)
         expected = await truth(raw, data)
         started = time.perf_counter()
+        stop = asyncio.Event()
+        probing = asyncio.create_task(probe.run(started, stop))
         creates = await create_quotas(raw, data, concurrency)
         convergence = await wait_converged(raw, expected, started, "upstream")
-        await asyncio.sleep(2.0)  # let the controller settle before reading its memory
+        await asyncio.sleep(PROBE_TAIL_S)  # also lets the controller settle before the memory
+        stop.set()
+        await probing
         rss, peak = memory_of(state.pids["kube-controller-manager"])
-        return ReferenceResult(steps, creates, convergence, rss, peak)
+        return ReferenceResult(
+            steps, creates, convergence, rss, peak, window(probe.creates, 0.0, math.inf)
+        )
     finally:
         await api.close()
 
@@ -443,22 +539,38 @@ class Tally(operator_process.TallyProcess):
 
 
 async def run_operator(
-    state: cluster.State, data: Input, concurrency: int, tally: Tally, settle_s: float
+    state: cluster.State,
+    data: Input,
+    concurrency: int,
+    tally: Tally,
+    settle_s: float,
+    *,
+    takeover: bool,
 ) -> OperatorResult:
     api = await api_client(state.kubeconfig)
     raw = Raw(api)
     try:
         steps = await populate(raw, data, concurrency)
         await create_quotas(raw, data, concurrency)
+        for crd in CRDS:
+            kubectl(state, "apply", "-f", str(REPO / "crds" / crd))
+        kubectl(state, "wait", "--for=condition=Established", "--timeout=60s",
+                *(f"crd/{crd.removesuffix('.yaml')}" for crd in CRDS))  # fmt: skip
+        await raw.create(CLUSTER_QUOTAS_PATH, scale_startup.cluster_quota_body(CLUSTER_HARD))
         expected = await truth(raw, data)
         if await correct_quotas(raw, expected):
             raise RuntimeError("quotas are correct before tally started: nothing to measure")
+        probe = CreateProbe(raw)
+        await probe.prepare(write_status=True)
         result = OperatorResult(steps)
         print("starting tally ...", file=sys.stderr, flush=True)
         await asyncio.to_thread(tally.prepare)  # the roles and the token: before the clock
         started = time.perf_counter()
         pid = tally.spawn().pid
-        watcher = asyncio.create_task(_observe_startup(tally, raw, pid, started, result))
+        stop = asyncio.Event()
+        probing = asyncio.create_task(probe.run(started, stop))
+        totals = scale_startup.cluster_totals(expected)
+        watcher = asyncio.create_task(_observe_startup(tally, raw, pid, started, result, totals))
         try:
             result.convergence_s = await wait_converged(raw, expected, started, "tally")
             result.rss_at_convergence = memory_of(pid)[0]
@@ -468,10 +580,22 @@ async def run_operator(
             # tally's informers re-list each kind once, ~30 s after start-up (see the report):
             # memory is read after that, not at the first quiet moment.
             await asyncio.sleep(max(0.0, started + settle_s - time.perf_counter()))
+            while result.ready_s is None or result.cluster_quota_s is None:
+                if time.perf_counter() - started > READY_LIMIT_S or not tally.running:
+                    break
+                await asyncio.sleep(0.5)
         finally:
+            stop.set()
+            await probing
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+        end = time.perf_counter() - started
+        registered = result.webhook_s if result.webhook_s is not None else math.inf
+        ready = result.ready_s if result.ready_s is not None else math.inf
+        result.probe_unjudged = window(probe.creates, 0.0, registered).creates
+        result.probe_before_ready = window(probe.creates, registered, ready)
+        result.probe_after_ready = window(probe.creates, ready, end)
         if not tally.running:
             raise RuntimeError(f"tally exited during the run; log: {tally.log}")
         result.rss, result.peak = memory_of(pid)
@@ -485,13 +609,65 @@ async def run_operator(
             f"{float(tally.metric('tally_resourcequota_sync_duration_seconds_sum') or 0):.2f} "
             f"s in total"
         )
+        if takeover:
+            result.takeover = await measure_takeover(raw, tally, data)
         return result
     finally:
         await api.close()
 
 
+async def measure_takeover(raw: Raw, leader: Tally, data: Input) -> Takeover:
+    follower = Tally(
+        leader.kubeconfig,
+        leader.log.with_name("follower.log"),
+        bin_dir=leader.bin_dir,
+        env=LEADER_ELECTION,
+    )
+    try:
+        print("takeover: starting a follower ...", file=sys.stderr, flush=True)
+        spawned = time.perf_counter()
+        follower.spawn()
+        ready_s: float | None = None
+        while time.perf_counter() - spawned < READY_LIMIT_S and follower.running:
+            if await asyncio.to_thread(follower.ready):
+                ready_s = time.perf_counter() - spawned
+                break
+            await asyncio.sleep(0.5)
+        if ready_s is None:
+            return Takeover(None, None, None)
+        pod = next(p for p in data.pods if not p.terminal)
+        after = Input(data.namespaces, [p for p in data.pods if p is not pod]).expected()
+        want = {pod.namespace: after[pod.namespace]}
+        print("takeover: killing the leader ...", file=sys.stderr, flush=True)
+        assert leader.process is not None
+        leader.process.kill()
+        killed = time.perf_counter()
+        await raw.call(
+            "DELETE",
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            {"gracePeriodSeconds": 0},
+        )
+        lease_s = correct_s = None
+        quota_path = f"/api/v1/namespaces/{pod.namespace}/resourcequotas/{QUOTA}"
+        while time.perf_counter() - killed < TIMEOUT_S and correct_s is None:
+            now = time.perf_counter() - killed
+            if lease_s is None and follower.log_has(r"acquired lease"):
+                lease_s = now
+            if quota_correct(await raw.call("GET", quota_path), want):
+                correct_s = now
+            await asyncio.sleep(0.1)
+        return Takeover(ready_s, lease_s, correct_s)
+    finally:
+        follower.kill()
+
+
 async def _observe_startup(
-    tally: Tally, raw: Raw, pid: int, started: float, result: OperatorResult
+    tally: Tally,
+    raw: Raw,
+    pid: int,
+    started: float,
+    result: OperatorResult,
+    totals: dict[str, Quantity],
 ) -> None:
     """Record when each start-up step became visible, and sample CPU and memory."""
     while True:
@@ -502,8 +678,17 @@ async def _observe_startup(
             result.samples.append((now, cpu_seconds(pid), memory_of(pid)[0]))
         if result.liveness_s is None and await asyncio.to_thread(tally.live):
             result.liveness_s = time.perf_counter() - started
+        if result.ready_s is None and await asyncio.to_thread(tally.ready):
+            result.ready_s = time.perf_counter() - started
         if result.caches_synced_s is None and tally.log_has(r"caches synced"):
             result.caches_synced_s = now
+        if result.lease_s is None and tally.log_has(r"acquired lease"):
+            result.lease_s = now
+        if result.cluster_quota_s is None:
+            with contextlib.suppress(client.ApiException):
+                path = f"{CLUSTER_QUOTAS_PATH}/{scale_startup.CLUSTER_QUOTA}"
+                if scale_startup.cluster_quota_correct(await raw.call("GET", path), totals):
+                    result.cluster_quota_s = time.perf_counter() - started
         if result.webhook_s is None:
             with contextlib.suppress(client.ApiException):
                 await raw.call("GET", WEBHOOK_PATH)
@@ -548,16 +733,31 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
     print(f"  every quota correct      {seconds(tally.convergence_s)}"
           f"   (CPU used by then {tally.cpu_to_convergence_s:.1f} s)")  # fmt: skip
     print(f"  webhook registered       {seconds(tally.webhook_s)}")
+    print(f"  ready (/readyz 200)      {seconds(tally.ready_s)}")
+    print(f"  ClusterQuota correct     {seconds(tally.cluster_quota_s)}"
+          f"   (one, over all {len(data.namespaces)} namespaces)")  # fmt: skip
     print(f"  first quiet 2 s window   {seconds(tally.quiet_s)}"
           f"   (CPU used by then {tally.cpu_to_quiet_s:.1f} s)")  # fmt: skip
     print(f"  quota syncs              {tally.syncs}")
     print(f"  RSS at convergence {mib(tally.rss_at_convergence)}, at {tally.settled_s:.0f} s "
           f"{mib(tally.rss)} (CPU used {tally.cpu_total_s:.1f} s), peak {mib(tally.peak)}; "
           f"{tally.relists} informer re-list(s) logged")  # fmt: skip
+    print(f"  creates ({scale_startup.PROBE_RATE:g}/s, open loop): {tally.probe_unjudged} "
+          f"before the webhook was registered (unjudged);")  # fmt: skip
+    print(f"    registered, not ready   {_window(tally.probe_before_ready)}")
+    print(f"    ready, until {tally.settled_s:.0f} s       {_window(tally.probe_after_ready)}")
+    takeover = tally.takeover
+    if takeover is not None:
+        print(f"  takeover: follower ready {seconds(takeover.follower_ready_s)} after its spawn; "
+              f"leader killed (SIGKILL) -> lease {seconds(takeover.lease_s)} -> a deletion's "
+              f"quota correct {seconds(takeover.correct_s)} "
+              f"({seconds(takeover.after_lease_s)} after the lease)")  # fmt: skip
     print("upstream (reference mode; quotas created after the pods, KCM already running):")
     print(f"  quota creates            {seconds(upstream.quota_creates_s)}")
     print(f"  every quota correct      {seconds(upstream.convergence_s)} (from the first create)")
     print(f"  kube-controller-manager RSS {mib(upstream.kcm_rss)}, peak {mib(upstream.kcm_peak)}")
+    print(f"  creates ({scale_startup.PROBE_RATE:g}/s, open loop, until {PROBE_TAIL_S:g} s after "
+          f"convergence) {_window(upstream.probe)}")  # fmt: skip
     print()
     convergence = tally.convergence_s or float("inf")
     ratio = convergence / TARGET_CONVERGENCE_S
@@ -568,6 +768,15 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
     print(f"RSS tally/KCM: {rss_ratio:.2f}x at {tally.settled_s:.0f} s "
           f"({'meets' if rss_ratio <= 1.0 else 'misses'} the target <= 1.0x); "
           f"peak {peak_ratio:.2f}x")  # fmt: skip
+    after, reference = tally.probe_after_ready, upstream.probe
+    probe_ratio = (
+        after.p99_ms / reference.p99_ms
+        if after is not None and after.p99_ms is not None and reference.p99_ms
+        else math.inf
+    )
+    print(f"create p99 once ready / upstream's during its start-up: {probe_ratio:.2f}x "
+          f"({'meets' if probe_ratio <= TARGET_PROBE_RATIO else 'misses'} the target <= "
+          f"{TARGET_PROBE_RATIO:g}x)")  # fmt: skip
     print("tally samples (s since spawn: CPU s, RSS):", " ".join(
         f"{t:.0f}:{cpu:.1f}/{mib(rss)}" for t, cpu, rss in tally.samples[:: max(1, len(
             tally.samples) // 25)]))  # fmt: skip
@@ -592,13 +801,34 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
                    target="<= 1.0x"),
             Figure("peak resident memory", "MiB", tally.peak / 2**20, upstream.kcm_peak / 2**20,
                    reference_name="kube-controller-manager"),
+            Figure("create p99 during start-up, once ready", "ms",
+                   after.p99_ms if after is not None and after.p99_ms is not None else math.inf,
+                   reference.p99_ms, target=f"<= {TARGET_PROBE_RATIO:g}x"),
+            *(
+                [Figure("takeover: lease to first correct status", "s",
+                        takeover.after_lease_s, None, target=f"<= {TARGET_TAKEOVER_S:g} s")]
+                if takeover is not None and takeover.after_lease_s is not None
+                else []
+            ),
         ],
     )  # fmt: skip
 
 
+def _window(span: Window | None) -> str:
+    if span is None or not span.creates:
+        return "no creates"
+    return (f"{span.creates} creates, {span.failed} failed; p50 {span.p50_ms:.0f} ms, p99 "
+            f"{span.p99_ms:.0f} ms, max {span.max_ms:.0f} ms")  # fmt: skip
+
+
 @contextlib.contextmanager
 def tally_in(directory: Path, state: cluster.State) -> Iterator[Tally]:
-    tally = Tally(Path(state.kubeconfig), directory / "tally.log", bin_dir=Path(state.bin_dir))
+    tally = Tally(
+        Path(state.kubeconfig),
+        directory / "tally.log",
+        bin_dir=Path(state.bin_dir),
+        env=LEADER_ELECTION,
+    )
     try:
         yield tally
     finally:
@@ -617,6 +847,12 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="read tally's memory this many seconds after its start (or at convergence if later)",
     )
+    parser.add_argument(
+        "--takeover",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="then start a follower, kill the leader, and time the new leader's first status",
+    )
     args = parser.parse_args(argv)
     data = Input.build(args.namespaces, args.pods)
     began = time.perf_counter()
@@ -632,11 +868,19 @@ def main(argv: list[str] | None = None) -> int:
         tally_in(Path(scratch), operator) as tally,
     ):
         try:
-            result = asyncio.run(run_operator(operator, data, args.concurrency, tally, args.settle))
+            result = asyncio.run(
+                run_operator(
+                    operator, data, args.concurrency, tally, args.settle, takeover=args.takeover
+                )
+            )
         finally:
             if args.keep_log is not None:
                 args.keep_log.write_bytes(tally.log.read_bytes())
+                follower = tally.log.with_name("follower.log")
+                if follower.exists():
+                    args.keep_log.with_suffix(".follower.log").write_bytes(follower.read_bytes())
     report(data, args.concurrency, upstream, result)
+    print(f"series: {scale_series.record(json.loads(RESULTS_JSON.read_text()))}", file=sys.stderr)
     print(f"total run {time.perf_counter() - began:.0f} s", file=sys.stderr)
     return 0
 

@@ -43,3 +43,37 @@ def test_enough_nodes_for_every_pods_cpu_with_a_fifth_to_spare() -> None:
     # 100 cores; 4 725 * 1.2 = 5 670 cores over 1 000-core nodes: 6.
     assert 6 == scale.Input.build(1000, 10_000).nodes()
     assert scale.cluster.DEFAULT_NODES == scale.Input.build(10, 20).nodes()
+
+
+def test_the_cluster_quota_total_sums_every_namespace() -> None:
+    import scale_startup
+
+    data = scale.Input.build(2, 20)
+    totals = scale_startup.cluster_totals(data.expected())
+    # Namespace 0 (above): 8 pods running or pending of 10; namespace 1 likewise 8 of 10.
+    assert Quantity.from_int(16) == totals["pods"]
+    assert Quantity.from_int(20) == totals["count/pods"]
+    assert Quantity.from_int(2 * (scale.CONFIGMAPS_PER_NAMESPACE + 1)) == totals["count/configmaps"]
+    status = {"status": {"total": {"used": {name: str(v) for name, v in totals.items()}}}}
+    assert scale_startup.cluster_quota_correct(status, totals)
+    status["status"]["total"]["used"]["pods"] = "15"
+    assert not scale_startup.cluster_quota_correct(status, totals)
+    assert not scale_startup.cluster_quota_correct({"status": {}}, totals)
+
+
+def test_a_window_keeps_the_creates_sent_within_it() -> None:
+    import scale_startup
+    from scale_startup import Create
+
+    creates = [
+        Create(0.5, 0.010, 201),  # before the window
+        *(Create(1.0 + i / 100, (i + 1) / 1000, 201) for i in range(99)),  # 1..99 ms
+        Create(1.995, 2.0, 0),  # no answer within the window's last moment
+        Create(2.0, 0.001, 201),  # the window's end is open
+    ]
+    span = scale_startup.window(creates, 1.0, 2.0)
+    assert (100, 1) == (span.creates, span.failed)
+    # Nearest rank over 1, 2, …, 99, 2000 ms: the 50th is 50 ms, the 99th 99 ms.
+    assert (50.0, 99.0, 2000.0) == (span.p50_ms, span.p99_ms, span.max_ms)
+    empty = scale_startup.window(creates, 5.0, 6.0)
+    assert (0, None) == (empty.creates, empty.p99_ms)
