@@ -72,7 +72,9 @@ DEFAULT_QPS: Final = 50.0
 DEFAULT_RESYNC_PERIOD_S: Final = 300.0
 
 
-def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
+def applied_status(
+    cq: Obj, namespace: str, index: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """What the AppliedClusterQuota of ``cq`` in ``namespace`` shows: ``total`` (hard and used,
     as the ClusterQuota's status has them), ``namespace.used`` (this namespace's share of every
     name the total carries, zero where it uses none), ``remaining`` (hard less the total used,
@@ -80,7 +82,8 @@ def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
     the share and what remains also as one line each (``usedSummary``, ``remainingSummary``:
     ``name: value`` pairs as ``kubectl get quota`` prints them), for the printer columns, which
     would otherwise print a map as JSON. Before the ClusterQuota's first status: its hard
-    limits only."""
+    limits only. ``index``: ``cluster.namespace_index(cq)``, when the caller keeps it for
+    the many namespaces of one ClusterQuota version."""
     hard = cluster.status_total(cq, "hard")
     if hard is None:
         try:
@@ -91,7 +94,7 @@ def applied_status(cq: Obj, namespace: str) -> dict[str, Any]:
     status: dict[str, Any] = {"total": {"hard": resources.to_strings(hard)}}
     if used is None:
         return status
-    share = cluster.namespace_used(cq).get(namespace, {})
+    share = cluster.share_in(index if index is not None else cluster.namespace_index(cq), namespace)
     status["total"]["used"] = resources.to_strings(used)
     here = {name: share.get(name, ZERO) for name in used}
     status["namespace"] = {"used": resources.to_strings(here), "usedSummary": _summary(here)}
@@ -114,8 +117,11 @@ def _summary(values: resources.ResourceList) -> str:
     return ", ".join(f"{name}: {values[name].canonical()}" for name in sorted(values))
 
 
-def applied_object(cq: Obj, namespace: str) -> dict[str, Any]:
-    """The AppliedClusterQuota of ``cq`` in ``namespace``, as tally writes it."""
+def applied_object(
+    cq: Obj, namespace: str, index: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The AppliedClusterQuota of ``cq`` in ``namespace``, as tally writes it (``index``: as
+    :func:`applied_status`'s)."""
     metadata = cq.get("metadata") or {}
     name = cluster.name_of(cq)
     owner: dict[str, Any] = {
@@ -135,7 +141,7 @@ def applied_object(cq: Obj, namespace: str) -> dict[str, Any]:
             "ownerReferences": [owner],
         },
         "spec": {"quota": dict(cluster.spec_quota(cq))},
-        "status": applied_status(cq, namespace),
+        "status": applied_status(cq, namespace, index),
     }
 
 
@@ -220,6 +226,8 @@ class AppliedQuotaController:
         self.selects = selects
         self.manages = manages
         self.newest = newest
+        self._indexes: dict[str, tuple[tuple[str, str], dict[str, Any]]] = {}
+        """ClusterQuota name -> (uid, resourceVersion) and its namespace index."""
         self.min_interval = min_interval
         self._limiter = TokenBucket(qps, max(1, int(qps))) if qps > 0 else None
         self._clock = clock
@@ -267,6 +275,8 @@ class AppliedQuotaController:
         write that moved only the total is a background refresh for the namespaces whose own
         share it left as it was."""
         namespaces = set(self._holding(change.name))
+        if change.new is None:
+            self._indexes.pop(change.name, None)
         if change.new is not None:
             namespaces.update(
                 ns for ns in self.namespaces.names_in("") if self.selects(change.new, ns)
@@ -287,7 +297,7 @@ class AppliedQuotaController:
     def on_namespace(self, change: Change[Obj]) -> None:
         """A namespace appeared, was relabelled or went: its applied objects follow."""
         namespace = change.name
-        names = {name for ns, name in self._applied_keys() if ns == namespace}
+        names = set(self.applied.names_in(namespace))
         names.update(cluster.name_of(cq) for cq in self.cluster_quotas.in_namespace(""))
         for name in names:
             self._enqueue(_key(namespace, name))
@@ -334,7 +344,20 @@ class AppliedQuotaController:
             cq = self.newest(cq)
         if not self.selects(cq, namespace):
             return None
-        return applied_object(cq, namespace)
+        return applied_object(cq, namespace, self._index_of(cq))
+
+    def _index_of(self, cq: Obj) -> Mapping[str, Any]:
+        """``cq``'s namespace index, made once per version of it (uid and resourceVersion):
+        every namespace it selects is synced against the same version."""
+        metadata = cq.get("metadata") or {}
+        version = (str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or ""))
+        name = cluster.name_of(cq)
+        kept = self._indexes.get(name)
+        if kept is not None and version[1] and kept[0] == version:
+            return kept[1]
+        index = cluster.namespace_index(cq)
+        self._indexes[name] = (version, index)
+        return index
 
     async def _sync_key(self, key: str) -> None:
         await self._sync_once(key, self.queue)

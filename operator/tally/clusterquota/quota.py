@@ -95,19 +95,41 @@ def status_total(cq: Obj, field: str) -> dict[str, Quantity] | None:
 def namespace_used(cq: Obj) -> dict[str, dict[str, Quantity]]:
     """``status.namespaces`` as ``{namespace: used}`` (entries that do not parse are left out:
     the next sync rewrites them)."""
+    result: dict[str, dict[str, Quantity]] = {}
+    for namespace, raw in namespace_index(cq).items():
+        try:
+            result[namespace] = parse_resource_list(raw, "status.namespaces[].used")
+        except ResourceListError:
+            continue
+    return result
+
+
+def namespace_index(cq: Obj) -> dict[str, Any]:
+    """``status.namespaces`` as ``{namespace: used}``, each ``used`` as written, unparsed: one
+    namespace's share is then parsed alone (:func:`share_in`). Parsing every entry to read
+    one is what made writing an AppliedClusterQuota into each of N namespaces cost N²."""
     status = cq.get("status")
     entries = status.get("namespaces") if isinstance(status, Mapping) else None
-    result: dict[str, dict[str, Quantity]] = {}
+    index: dict[str, Any] = {}
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("namespace"), str):
             continue
         entry_status = entry.get("status")
-        raw = entry_status.get("used") if isinstance(entry_status, Mapping) else None
-        try:
-            result[entry["namespace"]] = parse_resource_list(raw, "status.namespaces[].used")
-        except ResourceListError:
-            continue
-    return result
+        index[entry["namespace"]] = (
+            entry_status.get("used") if isinstance(entry_status, Mapping) else None
+        )
+    return index
+
+
+def share_in(index: Mapping[str, Any], namespace: str) -> dict[str, Quantity]:
+    """``namespace``'s share from :func:`namespace_index`'s index; {} when it is not listed
+    (it uses nothing) or does not parse (the next sync rewrites it)."""
+    if namespace not in index:
+        return {}
+    try:
+        return parse_resource_list(index[namespace], "status.namespaces[].used")
+    except ResourceListError:
+        return {}
 
 
 def as_resource_quota(cq: Obj, namespace: str) -> dict[str, Any]:

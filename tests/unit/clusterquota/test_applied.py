@@ -281,3 +281,54 @@ async def test_an_echo_of_a_write_waits_as_a_background_refresh_and_a_deletion_d
     assert (0, 0) == (len(controller.queue), len(controller.background))
     controller.on_applied(Change("a-api", "shared", obj, None, ChangeKind.DELETED))
     assert (1, 0) == (len(controller.queue), len(controller.background))
+
+
+async def test_objects_for_many_namespaces_parse_each_share_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One ClusterQuota over 1 000 namespaces, each using one pod: writing the 1 000 objects
+    # must parse each namespace's share about once, not every share for every object (what
+    # made a start at 5 000 namespaces spend minutes of CPU here).
+    from tally.clusterquota import quota as cluster
+    from tally.quota import resources
+
+    names = [f"a-{index:04d}" for index in range(1000)]
+    status = {
+        "total": {"hard": {"pods": "10k"}, "used": {"pods": "1k"}},
+        "namespaces": [{"namespace": ns, "status": {"used": {"pods": "1"}}} for ns in names],
+    }
+    body = cq(status, version="8")
+    body["spec"]["quota"]["hard"] = {"pods": "10k"}
+    now = [100.0]
+    controller, writer, cluster_quotas, namespaces, _ = setup(now)
+    cluster_quotas.upsert(body)
+    for ns in names:
+        namespaces.upsert(namespace(ns, "a"))
+    parsed = [0]
+    real = resources.parse_resource_list
+
+    def counting(raw: Any, path: str = "") -> Any:
+        parsed[0] += 1
+        return real(raw, path)
+
+    monkeypatch.setattr(cluster, "parse_resource_list", counting)
+    controller.enqueue_all()
+    await drain(controller)
+    # (a-api and a-web, team a from the setup, are selected too.)
+    assert sorted(writer.calls) == sorted(("create", ns) for ns in [*names, "a-api", "a-web"])
+    # The share, and the total's hard and used, per object: 3 000 at most (was 1 000 000).
+    assert parsed[0] <= 3 * (len(names) + 2), parsed[0]
+
+
+def test_a_share_that_does_not_parse_is_shown_as_nothing_used() -> None:
+    from tally.clusterquota.quota import namespace_index, share_in
+
+    status = json.loads(json.dumps(STATUS))
+    status["namespaces"][1]["status"]["used"]["pods"] = "lots"
+    index = namespace_index(cq(status))
+    assert {"a-api", "b-secret-project"} == set(index)
+    assert {} == share_in(index, "b-secret-project")
+    assert {} == share_in(index, "a-web")  # not listed: uses nothing
+    assert {"pods": "2", "requests.cpu": "1"} == applied_status(cq(status), "a-api")["namespace"][
+        "used"
+    ]
