@@ -638,6 +638,11 @@ async def measure_takeover(raw: Raw, leader: Tally, data: Input) -> Takeover:
         pod = next(p for p in data.pods if not p.terminal)
         after = Input(data.namespaces, [p for p in data.pods if p is not pod]).expected()
         want = {pod.namespace: after[pod.namespace]}
+        if not leader.running:
+            # It exited by itself (its log says why): no takeover to time.
+            print(f"takeover: the leader exited before the kill; log: {leader.log}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return Takeover(ready_s, None, None)
         print("takeover: killing the leader ...", file=sys.stderr, flush=True)
         assert leader.process is not None
         leader.process.kill()
