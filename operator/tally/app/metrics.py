@@ -77,6 +77,9 @@ from tally.workqueue import PrometheusMetricsProvider
 
 logger = logging.getLogger(__name__)
 
+LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Seconds, from a millisecond to ten: a charge's confirmation, the event loop's lag."""
+
 CONDITION_STATUSES = ("true", "false", "unknown")
 """The ``status`` label values of a condition series, kube-state-metrics' spelling."""
 
@@ -151,7 +154,7 @@ class Metrics:
             "tally_admission_charge_confirmation_seconds",
             "Time from admission recording a charge to its object in tally's caches "
             "(what TALLY_CHARGE_CONFIRM_TIMEOUT must exceed).",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.charges_released = Counter(
@@ -227,7 +230,7 @@ class Metrics:
             "tally_event_loop_lag_seconds",
             "How late a timer set every 0.1 s on the event loop fired: how long anything ready "
             "to run (a review's next step, a watch event) waited for its turn.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.webhook_certificate_expiry = Gauge(

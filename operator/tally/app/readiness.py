@@ -28,14 +28,13 @@ loop runs at any time, not only at the start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Final
 
 from aiohttp import web
 
-from tally.workqueue.tasks import start_watched
+from tally.workqueue.tasks import cancel_and_wait, start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +178,7 @@ class ReadinessEndpoint:
 
     async def stop(self) -> None:
         sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+        await cancel_and_wait(sampler)
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
