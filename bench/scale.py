@@ -104,6 +104,8 @@ QUIET_WINDOW_S = 2.0
 QUIET_LIMIT_S = 90.0
 PROBE_TAIL_S = 10.0
 """Upstream's creates are probed until this long after its quotas are all correct."""
+PROBE_AFTER_READY_S = 30.0
+"""tally's creates are probed at least this long after it reported ready (300 creates)."""
 TARGET_PROBE_RATIO = 2.0
 """tally's create p99 once ready, during its start-up, against upstream's during its own."""
 TARGET_TAKEOVER_S = 10.0
@@ -584,6 +586,11 @@ async def run_operator(
                 if time.perf_counter() - started > READY_LIMIT_S or not tally.running:
                     break
                 await asyncio.sleep(0.5)
+            if result.ready_s is not None:
+                # Creates once ready, enough of them for a p99.
+                await asyncio.sleep(
+                    max(0.0, started + result.ready_s + PROBE_AFTER_READY_S - time.perf_counter())
+                )
         finally:
             stop.set()
             await probing
