@@ -277,7 +277,7 @@ class AppliedQuotaController:
         namespaces = set(self._holding(change.name))
         if change.new is None:
             self._indexes.pop(change.name, None)
-        if change.new is not None:
+        else:
             namespaces.update(
                 ns for ns in self.namespaces.names_in("") if self.selects(change.new, ns)
             )
@@ -288,8 +288,10 @@ class AppliedQuotaController:
             and new is not None
             and old.get("spec") == new.get("spec")
         )
-        before = cluster.namespace_used(old) if status_only and old is not None else {}
-        after = cluster.namespace_used(new) if status_only and new is not None else {}
+        # Shares as written, unparsed: tally writes them canonically, and parsing every
+        # namespace's twice per status write cost O(namespaces) parses on each charge.
+        before = cluster.namespace_index(old) if status_only and old is not None else {}
+        after = self._index_of(new) if status_only and new is not None else {}
         for namespace in namespaces:
             same_share = status_only and before.get(namespace) == after.get(namespace)
             self._enqueue(_key(namespace, change.name), background=same_share)
