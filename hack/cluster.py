@@ -18,7 +18,10 @@ Each control plane lives in one directory (``--dir``) holding its certificates, 
 ``kubeconfig`` and ``state.json`` (pids, ports, mode, version). In operator mode kube-apiserver
 also presents a client certificate to admission webhooks (``pki/webhook-client.crt``, signed by
 ``pki/webhook-client-ca.crt``, through an AdmissionConfiguration), so that tally's webhook can
-require one (mutual TLS). Several run side by side. ``down``
+require one (mutual TLS). In both modes the aggregation layer is configured as kubeadm
+configures it: kube-apiserver proxies to extension API servers with ``pki/front-proxy-client.crt``
+(signed by ``pki/front-proxy-ca.crt``) and publishes both in
+``kube-system/extension-apiserver-authentication``. Several run side by side. ``down``
 stops exactly the processes recorded there, and only after checking that each pid still runs
 the binary it was started from (a recycled pid is left alone).
 
@@ -90,6 +93,9 @@ STOP_TIMEOUT_S = 15.0
 WEBHOOK_CLIENT_CA = "webhook-client-ca.crt"
 WEBHOOK_CLIENT_CRT = "webhook-client.crt"
 WEBHOOK_CLIENT_KEY = "webhook-client.key"
+# The common name of the client certificate kube-apiserver proxies to extension API servers
+# with (the aggregation layer; its CA is DIR/pki/front-proxy-ca.crt).
+FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
@@ -401,11 +407,16 @@ class _Pki:
     webhook_client_ca: Path
     webhook_client_crt: Path
     webhook_client_key: Path
+    front_proxy_ca: Path
+    front_proxy_client_crt: Path
+    front_proxy_client_key: Path
 
 
 def _write_pki(directory: Path) -> _Pki:
     """A CA, a serving certificate for 127.0.0.1, an admin client certificate in
-    ``system:masters``, and the service-account signing key pair."""
+    ``system:masters``, the service-account signing key pair, and the API server's client
+    certificates towards webhooks and towards extension API servers (the front proxy), each
+    under a CA of its own."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -520,6 +531,15 @@ def _write_pki(directory: Path) -> _Pki:
         ExtendedKeyUsageOID.CLIENT_AUTH,
         issuer=(webhook_ca, webhook_ca_key),
     )
+    # The aggregation layer's identity towards extension API servers, as kubeadm sets it up:
+    # a CA of its own (an extension server trusts the user named in X-Remote-User only from
+    # a client certificate it signs) and the client certificate the API server proxies with.
+    front_proxy_ca, front_proxy_ca_key = make_ca(name("tally-local-front-proxy-ca"))
+    front_proxy_client, front_proxy_client_key = leaf(
+        name(FRONT_PROXY_CLIENT_NAME),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        issuer=(front_proxy_ca, front_proxy_ca_key),
+    )
 
     pki = _Pki(
         ca_crt=directory / "ca.crt",
@@ -533,6 +553,9 @@ def _write_pki(directory: Path) -> _Pki:
         webhook_client_ca=directory / WEBHOOK_CLIENT_CA,
         webhook_client_crt=directory / WEBHOOK_CLIENT_CRT,
         webhook_client_key=directory / WEBHOOK_CLIENT_KEY,
+        front_proxy_ca=directory / "front-proxy-ca.crt",
+        front_proxy_client_crt=directory / "front-proxy-client.crt",
+        front_proxy_client_key=directory / "front-proxy-client.key",
     )
     pem = serialization.Encoding.PEM
     pki.ca_crt.write_bytes(ca_cert.public_bytes(pem))
@@ -548,6 +571,9 @@ def _write_pki(directory: Path) -> _Pki:
     pki.webhook_client_ca.write_bytes(webhook_ca.public_bytes(pem))
     pki.webhook_client_crt.write_bytes(webhook_client.public_bytes(pem))
     write_key(pki.webhook_client_key, webhook_client_key)
+    pki.front_proxy_ca.write_bytes(front_proxy_ca.public_bytes(pem))
+    pki.front_proxy_client_crt.write_bytes(front_proxy_client.public_bytes(pem))
+    write_key(pki.front_proxy_client_key, front_proxy_client_key)
     return pki
 
 
@@ -1026,6 +1052,15 @@ def _start_components(
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
         "--profiling=false",
+        # The aggregation layer, configured as kubeadm configures it (kube-apiserver publishes
+        # these in kube-system/extension-apiserver-authentication for extension servers).
+        f"--requestheader-client-ca-file={pki.front_proxy_ca}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT_NAME}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client_crt}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
     ]
     if state.mode == "operator":
         apiserver.append("--disable-admission-plugins=ResourceQuota")
