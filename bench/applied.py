@@ -456,8 +456,10 @@ async def measure_phase(
             print(f"  an AppliedClusterQuota in every namespace after "
                   f"{result['applied_everywhere_s']:.1f} s", file=sys.stderr)  # fmt: skip
             tenants.start()
-            await phase.quiet()
-            tenants.check()
+        # Every side starts its burst from a quiet plane: the first phase's tally has just
+        # seen the namespaces and the ClusterQuota created.
+        await phase.quiet()
+        tenants.check()
         before_events, before_tenant = len(watcher.events), len(tenants.events)
         before_writes = len(cluster_quotas.events)
         burst = await phase.burst(args.rate, args.seconds, args.seed, side.name[:3])

@@ -12,10 +12,11 @@ namespace's name, share or count. The built-in ``view`` role reads them (the man
 aggregated ClusterRole); nobody but tally writes them.
 
 Objects tally writes, rather than an API tally would serve through the aggregation layer: they
-stay readable (as last written) while tally is down, where an aggregated API
-would be unavailable and, with it, discovery, so that the namespace controller and the
-garbage collector stall cluster-wide until it is back; ``get``, ``-w``, ``-o yaml``, table
-columns and RBAC then come from the API server as for any kind. Their cost is writes: each
+stay readable (as last written) while tally is down, where an aggregated API would be
+unavailable and, with it, its group's discovery, so that no namespace anywhere in the cluster
+finishes its deletion until it is back (the namespace controller will not finalize one while
+any group's discovery fails; measured by ``bench/applied.py``); ``get``, ``-w``, ``-o yaml``,
+table columns and RBAC then come from the API server as for any kind. Their cost is writes: each
 charge moves the total every applied object shows. :class:`AppliedQuotaController` bounds it:
 one object is written at most once per ``min_interval`` (a burst of charges is one write per
 object per interval, showing the latest total), all of them at most ``qps`` per second, and a
