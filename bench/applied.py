@@ -1,26 +1,35 @@
-"""Benchmark: what the AppliedClusterQuotas cost, one ClusterQuota over 1 000 namespaces.
+"""Benchmark: what a tenant's view of a ClusterQuota costs, as objects or as an aggregated API.
 
 tally keeps an AppliedClusterQuota in every namespace a ClusterQuota selects
 (``tally.clusterquota.applied``): each charge moves the total every one of them shows, so a
-burst of creates is a burst of writes. This measures that cost on one operator-mode control
-plane (``hack/cluster.py``, simulated nodes) with tally as a subprocess:
+burst of creates is a burst of writes. The other design serves the same objects from an
+extension API server through the aggregation layer (``bench/_aggregated_view.py``, built for
+this measurement): no writes, but a server on the cluster's path. This measures both on one
+operator-mode control plane (``hack/cluster.py``, simulated nodes), tally as a subprocess:
 
 * ``--namespaces`` namespaces (default 1 000), one ClusterQuota selecting them all;
+* ``--tenant-watches`` tenants (default 100), each a user holding only the built-in ``view``
+  role in one of the target namespaces, watching that namespace's view through the API server;
 * a burst of pod creates at Poisson times (``--rate``, default 20/s, for ``--seconds``, default
-  30) round robin over the first ``--targets`` namespaces (default 100), twice: with
-  ``TALLY_APPLIED_QUOTAS=false`` (no applied objects) and with them (tally restarted between
-  the phases, the same plane);
-* for each phase: tally's CPU per create (its CPU from the burst's start until the plane is
-  quiet, over the creates), kube-apiserver's and etcd's the same way, and, with the applied
-  objects, the writes the API server took (the events of a cluster-wide watch of
-  appliedclusterquotas: one per write), per second over the burst and at the busiest second;
-  the staleness of a namespace's own share (from a create's answer to the first event of that
-  namespace's object showing it, p50/p99) and of the total (from the last create's answer to
-  every object showing the final total); and the time from the ClusterQuota's creation to an
-  object in every namespace.
+  30) round robin over the first ``--targets`` namespaces (default 100), in three phases, each
+  from a quiet plane, tally restarted between them: no view (``TALLY_APPLIED_QUOTAS=false``),
+  objects (``true``), and the aggregated API (``false`` plus the extension server, registered
+  as a deployer would: APIService, ExternalName Service, RBAC; ``--no-aggregated`` leaves it
+  out);
+* for each phase: CPU per create of tally (and the extension server), kube-apiserver and etcd
+  (from the burst's start until the plane is quiet, over the creates), the ClusterQuota's
+  status writes; with a view, the view's writes (the events of a cluster-wide watch: one per
+  write for the objects; none for the API), per second over the burst and at the busiest
+  second; the staleness of a namespace's own share (from a create's answer to the first event
+  showing it, on the cluster-wide watch and on its tenant's, p50/p99) and of the total (from
+  the last create's answer to every namespace showing the final total); the time from the
+  ClusterQuota's first status to a view in every namespace;
+* then the view's server SIGKILLed: whether a tenant still reads the view, whether the group's
+  discovery answers, and how long the deletion of a namespace no ClusterQuota selects takes
+  (if not within 90 s, how long after the server is back).
 
 Writes ``bench/results/applied.json`` and its picture (or ``--results``). Cleans up the plane
-and tally whatever happens. No target: the issue asks for the cost to be stated.
+and the processes whatever happens. No target: the issue asks for the cost to be stated.
 
 Run: ``.venv/bin/python bench/applied.py [--namespaces 1000] [--rate 20] [--seconds 30]``.
 """
