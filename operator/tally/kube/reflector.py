@@ -61,6 +61,7 @@ from tally.kube import rest
 from tally.machinery.cache import Store
 from tally.machinery.informers import Informer
 from tally.workqueue import start_watched
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -247,9 +248,7 @@ class Reflector:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         await self.informer.stop()
 
     @property

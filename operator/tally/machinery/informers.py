@@ -41,13 +41,13 @@ in, so the logic is testable with plain data.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from tally.machinery.cache import Change, Replacement, Store
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -238,9 +238,7 @@ class Informer(Generic[P]):
     async def stop(self) -> None:
         task, self._relist_task = self._relist_task, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
 
 class ListSync(Generic[P]):

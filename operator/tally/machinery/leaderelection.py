@@ -64,6 +64,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 from tally.workqueue import start_watched
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -444,9 +445,7 @@ class LeaderElector:
         deadline). Everything the lease guards must have stopped already."""
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         was_leading, self.leading = self.leading, False
         if release and was_leading:
             await self.release(within)

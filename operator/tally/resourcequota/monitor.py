@@ -83,6 +83,7 @@ from tally.resourcequota.reporting import (
     ProblemReporter,
 )
 from tally.workqueue import start_watched
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -278,9 +279,7 @@ class DynamicKinds:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         for gr in list(self._kinds):
             await self._drop(gr)
 

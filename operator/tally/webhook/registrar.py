@@ -41,6 +41,7 @@ from tally.webhook.configuration import (
     validating_webhook_configuration,
 )
 from tally.workqueue import start_watched
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -281,9 +282,7 @@ class WebhookRegistrar:
         self._charged_since.clear()
         for task in (self._task, self._refresh):
             if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if remove:
             try:
                 async with asyncio.timeout(within):

@@ -78,6 +78,7 @@ from tally.machinery.errors import Conflict
 from tally.webhook import certs
 from tally.webhook.certs import Material, MaterialError, Policy
 from tally.workqueue import start_watched
+from tally.workqueue.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -336,9 +337,7 @@ class ServingTLS:
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     # -- passes
 

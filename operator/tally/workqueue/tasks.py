@@ -116,7 +116,9 @@ class Periodic:
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel ``task`` (nothing when None) and wait until it has ended; its cancellation is
-    not re-raised here, so that the caller's stop goes on."""
+    not re-raised here, so that the caller's stop goes on. A task that already died re-raises
+    its exception here: a stop that must go on past a dead task calls this only while the task
+    is not ``done()``."""
     if task is None:
         return
     task.cancel()

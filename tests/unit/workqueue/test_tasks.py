@@ -152,3 +152,19 @@ async def test_periodic_calls_until_stopped() -> None:
     assert counted >= 2
     await asyncio.sleep(0.05)
     assert counted == len(calls)  # nothing after stop
+
+
+async def test_cancel_and_wait_ends_a_running_task_without_raising() -> None:
+    await tasks.cancel_and_wait(None)
+    task = asyncio.create_task(_runs_until_cancelled())
+    await asyncio.sleep(0)
+    await tasks.cancel_and_wait(task)
+    assert task.cancelled()
+
+
+async def test_cancel_and_wait_re_raises_what_killed_a_dead_task() -> None:
+    # Why the stops that must go on past a dead task call it only while the task is not done.
+    task = asyncio.create_task(_raises())
+    await asyncio.gather(task, return_exceptions=True)
+    with pytest.raises(Boom):
+        await tasks.cancel_and_wait(task)
