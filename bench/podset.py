@@ -140,7 +140,11 @@ async def time_raw_loop(api: client.ApiClient, pods: int, concurrency: int) -> t
 def control_plane(mode: str, extra_kcm: Sequence[str] = ()) -> Iterator[cluster.State]:
     directory = Path(tempfile.mkdtemp(prefix=f"tally-bench-podset-{mode}-"))
     try:
-        state = cluster.up(directory, mode, extra_controller_manager_args=extra_kcm)
+        # Simulated nodes: the pods are scheduled, run and are deleted as a kubelet does it, on
+        # both sides, so each figure includes the pod events a cluster's kubelets make.
+        state = cluster.up(
+            directory, mode, extra_controller_manager_args=extra_kcm, nodes=cluster.DEFAULT_NODES
+        )
         yield state
     finally:
         cluster.down(directory, clean=True, quiet=True)

@@ -167,7 +167,8 @@ async def measure(
 def control_plane(mode: str) -> Iterator[cluster.State]:
     directory = Path(tempfile.mkdtemp(prefix=f"tally-bench-{mode}-"))
     try:
-        with cluster.running(directory, mode) as state:
+        # Simulated nodes: the pods run, and a delete is a kubelet's graceful one, on both sides.
+        with cluster.running(directory, mode, nodes=cluster.DEFAULT_NODES) as state:
             yield state
     finally:
         cluster.down(directory, clean=True, quiet=True)
