@@ -101,14 +101,18 @@ def count(quantity: str) -> int:
     return parse_quantity(quantity).nanos // 1_000_000_000
 
 
-class AppliedWatch:
-    """Every event of a cluster-wide watch of AppliedClusterQuotas: when it arrived, its
-    namespace, its own pods and the total's."""
+class ClusterWatch:
+    """A cluster-wide watch of one custom kind from :meth:`start` to :meth:`stop`, each
+    event's object handed to ``seen`` with the time it arrived; ``events`` is what ``seen``
+    keeps."""
 
-    def __init__(self, api: client.ApiClient, group: str = GROUP) -> None:
+    def __init__(
+        self, api: client.ApiClient, group: str, plural: str,
+        seen: Callable[[list[Any], float, Any], None],
+    ) -> None:  # fmt: skip
         self.custom = client.CustomObjectsApi(api)
-        self.group = group
-        self.events: list[tuple[float, str, int, int]] = []
+        self.group, self.plural, self.seen = group, plural, seen
+        self.events: list[Any] = []
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -117,11 +121,11 @@ class AppliedWatch:
     async def _run(self) -> None:
         while True:
             stream = watch.Watch().stream(
-                self.custom.list_cluster_custom_object, self.group, VERSION, PLURAL,
+                self.custom.list_cluster_custom_object, self.group, VERSION, self.plural,
                 timeout_seconds=3600,
             )  # fmt: skip
             async for event in stream:
-                record(self.events, time.perf_counter(), event["raw_object"])
+                self.seen(self.events, time.perf_counter(), event["raw_object"])
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -130,7 +134,19 @@ class AppliedWatch:
                 await self.task
 
 
-def record(events: list[tuple[float, str, int, int]], arrived: float, obj: Any) -> None:
+def applied_watch(api: client.ApiClient, group: str) -> ClusterWatch:
+    """Every event of a cluster-wide watch of AppliedClusterQuotas (in ``group``): when it
+    arrived, its namespace, its own pods and the total's (:func:`record`)."""
+    return ClusterWatch(api, group, PLURAL, record)
+
+
+def status_writes(api: client.ApiClient) -> ClusterWatch:
+    """When each write of a ClusterQuota arrived: the writes every side pays, a view or not."""
+    return ClusterWatch(api, GROUP, "clusterquotas",
+                        lambda events, arrived, _: events.append(arrived))  # fmt: skip
+
+
+def record(events: list[Any], arrived: float, obj: Any) -> None:
     """An event's object as (arrived, namespace, its own pods, the total's), if it shows both."""
     status = obj.get("status") or {}
     own = ((status.get("namespace") or {}).get("used") or {}).get("pods")
@@ -237,7 +253,7 @@ def total_staleness(
     return max(0.0, max(latest.values()) - since)
 
 
-async def settled(watcher: AppliedWatch, names: list[str], total: int, since: float) -> None:
+async def settled(watcher: ClusterWatch, names: list[str], total: int, since: float) -> None:
     """Until every namespace's object has shown ``total`` (or WAIT_S passed)."""
     for _ in range(int(WAIT_S / 0.5)):
         if total_staleness(watcher.events, names, total, since) is not None:
@@ -450,9 +466,9 @@ async def measure_phase(
     api = await api_client(state.kubeconfig, pool=64 + args.tenant_watches)
     raw = Raw(api)
     phase = Phase(raw, pids, targets)
-    watcher = AppliedWatch(api, side.group)
+    watcher = applied_watch(api, side.group)
     tenants = TenantWatches(api, side.group, targets[: args.tenant_watches])
-    cluster_quotas = StatusWrites(api)
+    cluster_quotas = status_writes(api)
     result: dict[str, Any] = {"side": side.name, "applied": side.shows}
     try:
         cluster_quotas.start()
@@ -518,34 +534,6 @@ async def measure_phase(
         await tenants.stop()
         await cluster_quotas.stop()
         await api.close()
-
-
-class StatusWrites:
-    """When each write of a ClusterQuota's status arrived (a cluster-wide watch): the writes
-    every side pays, the view or not."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.events: list[float] = []
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            stream = watch.Watch().stream(
-                self.custom.list_cluster_custom_object, GROUP, VERSION, "clusterquotas",
-                timeout_seconds=3600,
-            )  # fmt: skip
-            async for _ in stream:
-                self.events.append(time.perf_counter())
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
 
 
 async def while_down(
