@@ -205,6 +205,7 @@ class Runtime:
             window=settings.readiness_window,
             timeout=settings.readiness_timeout,
             on_lag=self.metrics.loop_lagged,
+            pending=self._relisting,
         )
         self.readiness_endpoint = ReadinessEndpoint(self.readiness)
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
@@ -276,10 +277,17 @@ class Runtime:
                 evaluators=self.registry.list,
                 core_always=self.quota.enforces_resource_quotas,
             )
-        # Ready once the loop is prompt, not at once: Kopf's watches replay their listings
-        # from here on (tally.app.readiness).
+        # Ready once the loop is prompt and the re-lists above are done, not at once: Kopf's
+        # watches replay their listings from here on (tally.app.readiness).
         self.readiness.serving(asyncio.get_running_loop().time())
         self.leadership.start(settings, self.dedicated_api)
+
+    def _relisting(self) -> str | None:
+        """The start-up re-lists still to come (readiness waits them out), as a reason."""
+        kinds = self.caches.relisting()
+        if not kinds:
+            return None
+        return f"the start-up re-list of {', '.join(kinds)} is scheduled or under way"
 
     async def _sync_and_check(self) -> None:
         # The synced point: every kind listed once before any worker reads the caches.

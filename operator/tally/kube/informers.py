@@ -115,6 +115,10 @@ class KubeInformers:
         """The synced point of ``kinds``: each LISTed once, its views from the same pages."""
         await asyncio.gather(*(self.informers[gr].sync() for gr in kinds))
 
+    def relisting(self) -> list[str]:
+        """The kinds whose re-list is scheduled or under way, by name."""
+        return sorted(str(gr) for gr, informer in self.informers.items() if informer.relisting)
+
     def relist_all(self, since: float | None = None) -> None:
         """Kopf re-listed one kind after a watch gap seen at ``since`` (the informers' clock):
         every synced kind not LISTed since re-lists too. Kopf's re-list of a kind whose objects

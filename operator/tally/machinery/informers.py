@@ -199,6 +199,14 @@ class Informer(Generic[P]):
 
     # -- re-list after a watch gap
 
+    @property
+    def relisting(self) -> bool:
+        """Whether a re-list of this kind is scheduled or under way (a view's is its
+        owner's)."""
+        if self._owner is not None:
+            return self._owner.relisting
+        return self._relist_task is not None and not self._relist_task.done()
+
     def schedule_relist(self, *, unless_listed_since: float | None = None) -> bool:
         """Reconcile the store with a LIST soon (debounced, and no sooner than the minimum
         interval after the last LIST); False if one is already scheduled, or if a LIST began

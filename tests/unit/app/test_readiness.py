@@ -78,6 +78,37 @@ def test_ready_at_the_timeout_with_a_warning(caplog: pytest.LogCaptureFixture) -
     assert "0.300 s late" in caplog.text
 
 
+def test_start_up_work_pending_holds_readiness_and_the_window_starts_after_it() -> None:
+    pending: list[str] = ["the start-up re-list of pods is scheduled or under way"]
+    readiness = Readiness(max_lag=0.1, window=5.0, timeout=60.0,
+                          pending=lambda: pending[0] if pending else None)  # fmt: skip
+    readiness.serving(0.0)
+    readiness.observe(0.01, now=20.0)  # prompt all along, but the re-list is still to come
+    assert readiness.check(20.0) == (
+        False,
+        "starting: the start-up re-list of pods is scheduled or under way",
+    )
+    pending.clear()
+    readiness.observe(0.01, now=24.9)  # 4.9 s after the last check that found it pending
+    ready, why = readiness.check(24.9)
+    assert not ready
+    assert "starting: the webhook serves since 24.9 s" in why
+    assert readiness.check(25.0) == (True, "ok")
+
+
+def test_ready_at_the_timeout_even_with_start_up_work_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    readiness = Readiness(max_lag=0.1, window=5.0, timeout=20.0,
+                          pending=lambda: "the start-up re-list of pods is under way")  # fmt: skip
+    readiness.serving(0.0)
+    assert not readiness.check(19.9)[0]
+    with caplog.at_level(logging.WARNING, logger="tally.app.readiness"):
+        assert readiness.check(20.0) == (True, "ok")
+    assert "ready with start-up work still pending" in caplog.text
+    assert "the start-up re-list of pods is under way" in caplog.text
+
+
 def test_stopping_is_unready_even_when_ready() -> None:
     readiness = gate()
     readiness.serving(0.0)

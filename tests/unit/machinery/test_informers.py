@@ -257,3 +257,18 @@ async def test_events_before_the_first_sync_schedule_no_relist() -> None:
         None, pod("p", resource_version="1")
     )  # Kopf's first listing, before tally's own LIST
     assert ([], None) == (gaps, informer._relist_task)
+
+
+async def test_relisting_while_a_relist_is_scheduled_or_under_way() -> None:
+    # Readiness waits for the start-up re-list: the informer (and a view, for its owner) says
+    # whether one is still to come.
+    store: Store[str] = Store(project)
+    owner = _informer(store, pod("p", resource_version="1"))
+    view = Informer("pods(view)", Store(project), _listing())
+    owner.add_view(view)
+    assert (False, False) == (owner.relisting, view.relisting)
+    assert owner.schedule_relist()
+    assert (True, True) == (owner.relisting, view.relisting)
+    assert owner._relist_task is not None
+    await owner._relist_task
+    assert (1, False, False) == (owner.relists, owner.relisting, view.relisting)
