@@ -365,7 +365,11 @@ def start_tally(state: Any, log: Path, applied: bool) -> operator_process.TallyP
         Path(state.kubeconfig), log, bin_dir=Path(state.bin_dir),
         env={"TALLY_APPLIED_QUOTAS": "true" if applied else "false"},
     )  # fmt: skip
-    tally.start()
+    try:  # once returned, the caller stops it; a failure before that stops it here
+        tally.start()
+    except BaseException:
+        tally.kill()
+        raise
     return tally
 
 
@@ -425,16 +429,20 @@ def start_view(state: Any, log: Path) -> operator_process.TallyProcess:
         env={"TALLY_WEBHOOK_ENABLED": "false", "TALLY_VIEW_PORT": str(port),
              "TALLY_VIEW_TLS_DIR": str(log.with_name("view-tls"))},
     )  # fmt: skip
-    view.start()
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            available = "jsonpath={.status.conditions[?(@.type=='Available')].status}"
-            conditions = kubectl(state, "get", "apiservice", VIEW_API_SERVICE, "-o", available)
-            if conditions == "True":
-                return view
-        time.sleep(0.5)
-    raise RuntimeError(f"{VIEW_API_SERVICE} never became available:\n{view.log_text()}")
+    try:  # once returned, the caller stops it; a failure before that stops it here
+        view.start()
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                available = "jsonpath={.status.conditions[?(@.type=='Available')].status}"
+                conditions = kubectl(state, "get", "apiservice", VIEW_API_SERVICE, "-o", available)
+                if conditions == "True":
+                    return view
+            time.sleep(0.5)
+        raise RuntimeError(f"{VIEW_API_SERVICE} never became available:\n{view.log_text()}")
+    except BaseException:
+        view.kill()
+        raise
 
 
 def restart_view(state: Any, logs: Path, stack: contextlib.ExitStack) -> None:
