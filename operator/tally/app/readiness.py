@@ -15,7 +15,8 @@ what was deleted in between is reported by neither, so every kind is listed once
 30 s after the start (:mod:`tally.machinery.informers`). At 10 000 pods that re-list is about
 3 s of the loop's time; a replica ready before it would take reviews into it. The runtime
 passes that work as ``pending``: the window starts only once no start-up re-list is scheduled
-or under way, so no replica is ready sooner than about 30 s after its start.
+or under way, so no replica is ready sooner than about 35 s after its start (the re-list's
+30 s, then the window).
 
 **Latched.** Once ready, a replica stays ready while it serves. Readiness decides where a
 Service sends reviews. Taking a serving replica out under a burst would send its share to the
