@@ -54,7 +54,7 @@ from tally.kube.access_reviews import KubeAccessReviewer
 from tally.kube.informers import KubeInformers
 from tally.machinery import leaderelection
 from tally.podset import client as podset_client
-from tally.podset.controller import PodSetController, pod_view
+from tally.podset.controller import PodSetController, pod_view, reproject_pod_view
 from tally.webhook.configuration import (
     CLUSTER_QUOTA_WEBHOOK_ID,
     PODSET_WEBHOOK_ID,
@@ -152,7 +152,9 @@ class Runtime:
                 evaluator.reproject if isinstance(evaluator, Reprojecting) else None,
             )
         # The PodSet controller keeps its own compact view of pods (labels, owners, lifecycle).
-        self.pod_views = self.caches.add_view(PODS, "pods(podset)", pod_view)
+        self.pod_views = self.caches.add_view(
+            PODS, "pods(podset)", pod_view, reproject=reproject_pod_view
+        )
         self.serving = WebhookServing(
             settings, api, self.metrics, registration_api=self.dedicated_api
         )

@@ -87,10 +87,18 @@ class KubeInformers:
         self.informers[gr] = informer
         return informer
 
-    def add_view(self, gr: GroupResource, name: str, projection: Projection) -> Informer[Any]:
+    def add_view(
+        self,
+        gr: GroupResource,
+        name: str,
+        projection: Projection,
+        *,
+        reproject: Callable[[Any, Any], Any] | None = None,
+    ) -> Informer[Any]:
         """A second store of ``gr``'s objects, fed by the same events and LIST pages as its
-        informer's (its re-lists too)."""
-        view: Informer[Any] = Informer(name, Store(projection, name=name), self._lister(gr))
+        informer's (its re-lists too); ``reproject`` as :class:`Store` takes it."""
+        store: Store[Any] = Store(projection, reproject=reproject, name=name)
+        view: Informer[Any] = Informer(name, store, self._lister(gr))
         view.on_gap = self.relist_all
         self.informers[gr].add_view(view)
         return view

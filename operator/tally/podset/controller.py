@@ -121,25 +121,52 @@ def format_label_selector(raw: Mapping[str, Any]) -> str:
     return ",".join(text for _, text in sorted(parts))
 
 
+_KEPT_METADATA: Final = (
+    "name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences",
+    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+)  # fmt: skip
+_FOREIGN_METADATA: Final = tuple(key for key in _KEPT_METADATA if key != "resourceVersion")
+"""What the view keeps of a pod another kind controls. Its resourceVersion is left out, so
+that an update changing none of these keeps the view as it was (:func:`reproject_pod_view`):
+nothing reads it, for no sync ever writes such a pod."""
+_ABSENT: Final = object()
+
+
+def controlled_by_another_kind(metadata: Obj) -> bool:
+    """Whether the pod's controller reference names a kind other than PodSet (a ReplicaSet's,
+    a Job's, ...: nearly every pod of a real cluster). No PodSet adopts such a pod, reads its
+    status or ranks it; only its identity, labels, owners and deletion matter, for as long as
+    that reference stays. Malformed owner references are not judged here: the pod keeps the
+    whole view and the controller's own reads say what is wrong."""
+    refs = metadata.get("ownerReferences")
+    if type(refs) is not list:
+        return False
+    for ref in refs:
+        if type(ref) is not dict:
+            return False
+        if ref.get("controller") is True:
+            return ref.get("kind") != claims.PODSET_KIND
+    return False
+
+
 def pod_view(pod: Obj) -> dict[str, Any]:
     """What the PodSet controller keeps of a pod: identity, labels, ownership, lifecycle.
 
     The deletion ranking reads the deletion-cost annotation, the node, the phase, the Ready
     condition, restart counts and timestamps; claiming reads labels and owner references.
-    Everything else (the pod spec, most of the status) stays out of the cache.
+    Everything else (the pod spec, most of the status) stays out of the cache. Of a pod another
+    kind controls (:func:`controlled_by_another_kind`) only the metadata claiming and the
+    event handlers read is kept: a kubelet's status updates of it then change nothing here.
+    A pod whose controller reference names another kind but a PodSet's uid (only a forged
+    reference does) is seen by that PodSet without its status, hence as not ready.
     """
     metadata = pod.get("metadata") or {}
+    if type(metadata) is dict and controlled_by_another_kind(metadata):
+        return {"metadata": {key: metadata[key] for key in _FOREIGN_METADATA if key in metadata}}
     spec = pod.get("spec") or {}
     pod_status = pod.get("status") or {}
     annotations = metadata.get("annotations") or {}
-    kept_metadata = {
-        key: metadata[key]
-        for key in (
-            "name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences",
-            "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-        )
-        if key in metadata
-    }  # fmt: skip
+    kept_metadata = {key: metadata[key] for key in _KEPT_METADATA if key in metadata}
     cost = annotations.get(podutil.POD_DELETION_COST_ANNOTATION)
     if cost is not None:
         kept_metadata["annotations"] = {podutil.POD_DELETION_COST_ANNOTATION: cost}
@@ -159,6 +186,24 @@ def pod_view(pod: Obj) -> dict[str, Any]:
     if spec.get("nodeName"):
         view["spec"] = {"nodeName": spec["nodeName"]}
     return view
+
+
+def reproject_pod_view(previous: dict[str, Any], pod: Obj) -> dict[str, Any]:
+    """The view of ``pod``, an update of the pod ``previous`` is the view of: ``previous``
+    itself when both are of a pod another kind controls and none of the metadata kept changed
+    (a status update, as kubelets make all the time), else :func:`pod_view`. Keeping the same
+    view spares building one and the collector a long-lived object per update."""
+    metadata = pod.get("metadata")
+    kept = previous.get("metadata")
+    if (
+        "status" not in previous
+        and type(metadata) is dict
+        and type(kept) is dict
+        and controlled_by_another_kind(metadata)
+        and all(metadata.get(key, _ABSENT) == kept.get(key, _ABSENT) for key in _FOREIGN_METADATA)
+    ):
+        return previous
+    return pod_view(pod)
 
 
 class PodSetController:
