@@ -132,21 +132,17 @@ nothing reads it, for no sync ever writes such a pod."""
 _ABSENT: Final = object()
 
 
-def controlled_by_another_kind(metadata: Obj) -> bool:
+def controlled_by_another_kind(pod: Obj) -> bool:
     """Whether the pod's controller reference names a kind other than PodSet (a ReplicaSet's,
     a Job's, ...: nearly every pod of a real cluster). No PodSet adopts such a pod, reads its
     status or ranks it; only its identity, labels, owners and deletion matter, for as long as
     that reference stays. Malformed owner references are not judged here: the pod keeps the
     whole view and the controller's own reads say what is wrong."""
-    refs = metadata.get("ownerReferences")
-    if type(refs) is not list:
+    try:
+        ref = claims.controller_ref(pod)
+    except podutil.InvalidObjectError:
         return False
-    for ref in refs:
-        if type(ref) is not dict:
-            return False
-        if ref.get("controller") is True:
-            return ref.get("kind") != claims.PODSET_KIND
-    return False
+    return ref is not None and ref.get("kind") != claims.PODSET_KIND
 
 
 def pod_view(pod: Obj) -> dict[str, Any]:
@@ -161,7 +157,7 @@ def pod_view(pod: Obj) -> dict[str, Any]:
     reference does) is seen by that PodSet without its status, hence as not ready.
     """
     metadata = pod.get("metadata") or {}
-    if type(metadata) is dict and controlled_by_another_kind(metadata):
+    if type(metadata) is dict and controlled_by_another_kind(pod):
         return {"metadata": {key: metadata[key] for key in _FOREIGN_METADATA if key in metadata}}
     spec = pod.get("spec") or {}
     pod_status = pod.get("status") or {}
@@ -193,13 +189,12 @@ def reproject_pod_view(previous: dict[str, Any], pod: Obj) -> dict[str, Any]:
     itself when both are of a pod another kind controls and none of the metadata kept changed
     (a status update, as kubelets make all the time), else :func:`pod_view`. Keeping the same
     view spares building one and the collector a long-lived object per update."""
-    metadata = pod.get("metadata")
-    kept = previous.get("metadata")
+    # Equal owner references make the previous view one of a pod another kind controls too.
+    metadata, kept = pod.get("metadata"), previous.get("metadata")
     if (
-        "status" not in previous
-        and type(metadata) is dict
+        type(metadata) is dict
         and type(kept) is dict
-        and controlled_by_another_kind(metadata)
+        and controlled_by_another_kind(pod)
         and all(metadata.get(key, _ABSENT) == kept.get(key, _ABSENT) for key in _FOREIGN_METADATA)
     ):
         return previous

@@ -100,10 +100,10 @@ def _pod(
     ],
 )
 def test_controlled_by_another_kind(owners: Any, foreign: bool) -> None:
-    metadata = _pod()["metadata"]
+    pod = _pod()
     if owners is not None:
-        metadata["ownerReferences"] = owners
-    assert foreign is controlled_by_another_kind(metadata)
+        pod["metadata"]["ownerReferences"] = owners
+    assert foreign is controlled_by_another_kind(pod)
 
 
 # -- what the view keeps
