@@ -56,6 +56,7 @@ from kubernetes_asyncio import client, config
 from tally.app.kopf_settings import configure_kopf
 from tally.clusterquota import quota as cluster
 from tally.clusterquota.applied import applied_object
+from tally.kube import rest
 from tally.machinery.selectors import LabelSelector
 
 logger = logging.getLogger("tally.bench.view")
@@ -144,12 +145,12 @@ VIEW = View()
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    configure_kopf(settings)
     port = int(os.environ["TALLY_VIEW_PORT"])
     interval = float(os.environ.get("TALLY_VIEW_MIN_INTERVAL", "1.0"))
     await config.load_kube_config()
     api = client.ApiClient()
     memo["api"] = api
+    configure_kopf(settings, initial_streaming=await rest.serves_watch_list(api))
     core = client.CoreV1Api(api)
     authn = (await core.read_namespaced_config_map(
         "extension-apiserver-authentication", "kube-system")).data  # fmt: skip

@@ -13,11 +13,16 @@ import kopf
 
 from tally.app.heap import freeze_long_lived
 from tally.app.kopf_settings import configure_kopf
+from tally.kube import rest
 
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
-    configure_kopf(settings)
+    api = await rest.make_api_client(None)
+    try:
+        configure_kopf(settings, initial_streaming=await rest.serves_watch_list(api))
+    finally:
+        await api.close()
     # The same process tuning as tally's once its caches are synced: what start-up built is
     # kept out of the cyclic collector's walks.
     freeze_long_lived()

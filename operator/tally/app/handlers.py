@@ -12,7 +12,10 @@
   on (:mod:`tally.builtin_quota.decision`), it enforces ClusterQuotas only.
   Kopf starts its watches only after the start-up handlers finished, so no event is lost
   between the LIST and the watch (Kopf's own initial listing replays everything; replays are
-  dropped by resourceVersion).
+  dropped by resourceVersion). Where the API server serves it, that listing is a watch
+  streaming the initial state (:func:`tally.kube.rest.serves_watch_list` asks at start-up;
+  :mod:`tally.app.kopf_settings` says why): a paged one outlasting etcd's compaction stops
+  tally.
 * With leader election on, a replica that loses the lease stops its controllers at once and
   then stops the process the way a SIGTERM does (Kopf's graceful stop: the watches end, then
   the cleanup handler stops the runtime, its webhook server first); in a pod the kubelet
@@ -40,7 +43,7 @@ from tally.app.kinds import (
     RESOURCE_QUOTAS,
     TRACKED_CORE_KINDS,
 )
-from tally.app.kopf_settings import configure_kopf
+from tally.app.kopf_settings import LISTING_PAGE, configure_kopf
 from tally.app.recursion import raise_recursion_limit
 from tally.app.runtime import STOP_TIMEOUT_S, Runtime
 from tally.app.settings import Settings, SettingsError
@@ -50,6 +53,18 @@ from tally.kube import cluster_quotas, rest
 from tally.podset import client as podset_client
 
 logger = logging.getLogger(__name__)
+
+
+INITIAL_STREAMED = (
+    "Kopf's initial listings are streamed (the API server serves a watch's initial state)"
+)
+INITIAL_PAGED = (
+    "the API server does not stream a watch's initial state (the WatchList feature is off, as "
+    "by default in Kubernetes 1.33, or absent before 1.27): Kopf lists in pages of %d, and a "
+    "listing that outlasts etcd's compaction (every 5 minutes by default) ends tally with 410 "
+    "Gone (how many objects list within that depends on how busy the start is); turn WatchList "
+    "on for large clusters"
+)
 
 
 STARTUP_RETRY_S = 2.0
@@ -62,7 +77,6 @@ minute after it came back."""
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Before the first LIST, watch or review: the deepest objects the API server stores.
     raise_recursion_limit()
-    configure_kopf(settings)
     try:
         config = Settings.from_env()
     except SettingsError as error:
@@ -76,6 +90,13 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         clients.append(watch_api)
         memo.apiserver_version = await rest.server_version(api)
         logger.info("connected to the API server, version %s", memo.apiserver_version)
+        # Kopf starts its watches after the start-up handlers: its settings are read then.
+        streamed = await rest.serves_watch_list(api)
+        configure_kopf(settings, initial_streaming=streamed)
+        if streamed:
+            logger.info(INITIAL_STREAMED)
+        else:
+            logger.info(INITIAL_PAGED, LISTING_PAGE)
         runtime = Runtime(
             config,
             api,

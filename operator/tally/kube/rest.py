@@ -11,6 +11,7 @@ the ``count/`` reflectors' watches. The first two have their pools renewed
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -239,6 +240,63 @@ async def server_version(api: client.ApiClient) -> str:
     """The API server's ``gitVersion`` (one GET /version, with a timeout)."""
     info = await client.VersionApi(api).get_code(_request_timeout=REQUEST_TIMEOUT_S)
     return str(info.git_version)
+
+
+INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"
+"""The annotation of the bookmark that ends a watch's initial events (``sendInitialEvents``)."""
+
+WATCH_LIST_PROBE_S: Final = 10
+"""The probe watch's ``timeoutSeconds``: one namespace's initial event and the bookmark after it
+come at once from a server that streams them."""
+
+
+async def serves_watch_list(api: client.ApiClient) -> bool:
+    """Whether the API server streams a watch's initial state (``sendInitialEvents=true``, the
+    WatchList feature), asked with a watch of one namespace: True when the bookmark that ends
+    the initial events arrives, False when the server refuses the parameters as invalid (the
+    feature off: 422; a server that predates it: 400). Other failures raise, so a start that
+    cannot reach the API server is tried again rather than guessed.
+
+    Kubernetes turns the feature on by default in 1.32 and from 1.34 on, off in 1.33."""
+    query = [
+        ("watch", "1"),
+        ("sendInitialEvents", "true"),
+        ("resourceVersionMatch", "NotOlderThan"),
+        ("allowWatchBookmarks", "true"),
+        ("fieldSelector", "metadata.name=default"),
+        ("timeoutSeconds", str(WATCH_LIST_PROBE_S)),
+    ]
+    response: aiohttp.ClientResponse = await api.call_api(
+        "/api/v1/namespaces",
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=aiohttp.ClientTimeout(total=WATCH_LIST_PROBE_S + REQUEST_TIMEOUT_S),
+    )
+    try:
+        if response.status in (400, 422):
+            return False
+        if response.status >= 300:
+            body = await response.text()
+            raise client.ApiException(
+                status=response.status, reason=f"{response.reason}: {body[:200]}"
+            )
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if not isinstance(event, dict) or event.get("type") != "BOOKMARK":
+                continue
+            metadata = (event.get("object") or {}).get("metadata") or {}
+            if (metadata.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                return True
+        # A server that ignored the parameters streams a plain watch, which never ends the
+        # initial events.
+        return False
+    finally:
+        response.close()
 
 
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"

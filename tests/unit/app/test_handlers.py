@@ -52,7 +52,7 @@ class FakeClient:
         self.closed = True
 
 
-@pytest.mark.parametrize("failing", ["second-client", "version"])
+@pytest.mark.parametrize("failing", ["second-client", "version", "watch-list"])
 async def test_a_failed_start_closes_every_client_it_opened(
     monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
@@ -67,15 +67,36 @@ async def test_a_failed_start_closes_every_client_it_opened(
         return opened[-1]
 
     async def server_version(api: object) -> str:
+        if failing == "watch-list":
+            return "v1.37.1"
         raise RuntimeError("API server unreachable")
+
+    async def serves_watch_list(api: object) -> bool:
+        raise RuntimeError("the probe's watch was cut")
 
     monkeypatch.delenv("TALLY_API_CONNECTIONS", raising=False)
     monkeypatch.setattr(handlers.rest, "make_api_client", make_api_client)
     monkeypatch.setattr(handlers.rest, "server_version", server_version)
-    monkeypatch.setattr(handlers, "configure_kopf", lambda settings: None)
+    monkeypatch.setattr(handlers.rest, "serves_watch_list", serves_watch_list)
     with pytest.raises(RuntimeError):
         await handlers.start(settings=None, memo=kopf.Memo())  # type: ignore[arg-type]
     # The requests' client has the limit, admission's and the watches' none.
     assert [16, None, None][: len(opened)] == [c.connections for c in opened]
     assert len(opened) == (1 if failing == "second-client" else 3)
     assert all(c.closed for c in opened)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_kopf_lists_as_the_api_server_can(streamed: bool) -> None:
+    settings = kopf.OperatorSettings()
+    kopf_settings.configure_kopf(settings, initial_streaming=streamed)
+    assert streamed is settings.watching.initial_streaming
+    assert kopf_settings.LISTING_PAGE == settings.watching.chunk_size
+    watching = settings.watching
+    assert watching.server_timeout is not None
+    assert watching.client_timeout is not None
+    # The API server ends a watch (a streamed listing included), never the client mid-way.
+    assert watching.client_timeout > watching.server_timeout
+    # A dead connection is noticed long before either: the API server sends a bookmark every
+    # minute.
+    assert 60 < watching.inactivity_timeout < watching.server_timeout
