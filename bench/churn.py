@@ -12,7 +12,12 @@ Starts two local control planes side by side with ``hack/cluster.py`` (temporary
 reference mode (upstream's quota: kube-controller-manager's resourcequota controller and the API
 server's ResourceQuota plugin, the *upstream* side) and operator mode with tally running as
 deployed (``tests/e2e/operator_process.TallyProcess``: ``kopf run operator/main.py`` under its
-ServiceAccount, webhook registered, mutual TLS; the *tally* side). The same workload on each:
+ServiceAccount, webhook registered, mutual TLS; the *tally* side); and, unless ``--no-floor``, a
+third plane in operator mode with no quota system at all, where the Go floor webhook
+(``bench/admission.py``'s, built by ``hack/floor.py``) is registered for pod creates with tally's
+failurePolicy and timeout (the *floor* side: what answering a review costs at all). The same
+workload on each (the floor side has no quotas and no deletes, there being nothing to
+replenish):
 
 * ``--namespaces`` namespaces (default 3) with ``--pods`` pods between them (default 1 500,
   ``requests.cpu: 10m``), each under a quota on ``pods``, ``count/pods`` and ``requests.cpu``.
@@ -34,7 +39,7 @@ Phases, after an unrecorded warm-up of every activity (``--warmup-seconds``, def
 * **calm** (``--phase-seconds``, default 60 per side): creates and deletes, no status churn.
 * **churn** (as long): creates, deletes and the patcher. Both latency phases run in
   ``--blocks`` blocks per side (default 2), rotating which side goes first, so that the
-  background load of this shared machine hits both sides alike.
+  background load of this shared machine hits every side alike.
 * **quiet** (``--quiet-seconds``, default 10) then **status only** (``--status-seconds``,
   default 30): nothing, then the patcher alone. CPU per status update of each process is its
   CPU over the status-only phase, less its quiet rate over the same time, over the updates
@@ -55,7 +60,9 @@ the machine), the cores in interrupts and those the hypervisor took, so that a p
 by other work shows as such.
 
 Targets (issue 28): create p99 under churn <= 1.5x upstream's; tally's CPU per status-only
-update <= 1.2x the Kopf watch's; replenishment p50 under churn <= 1.0x upstream's. Checks:
+update <= 1.2x the Kopf watch's; replenishment p50 under churn <= 1.0x upstream's. The floor
+side's create latencies are printed and drawn beside tally's and upstream's, without a target.
+Checks (the floor side: no create refused, every one admitted listed):
 nothing over-admitted (``status.used`` never above ``hard`` at the end, no namespace holds more
 pods than its quota's ``hard.pods``), every create charged exactly once (the final
 ``status.used`` of every quota equals what a LIST of its namespace's pods adds up to), no
@@ -103,6 +110,7 @@ from _common import (
     write_results,
 )
 from _open_loop import open_loop, poisson_offsets
+from admission import FloorWebhook, ensure_floor  # bench/admission.py
 from builders import IMAGE, NO_SCHEDULER  # tests/e2e/builders.py, put on sys.path by _common
 from tally.kube.rest import read_environment_once
 from tally.quota.quantity import parse_quantity
@@ -119,6 +127,8 @@ SETTLED_CORES = 0.15
 times what they use with nothing to do: 0.03-0.06 cores)."""
 SETTLE_WITHIN_S = 60.0
 KOPF_WATCH = "kopf-watch"
+FLOOR = "floor"
+"""The floor side's label and its webhook's process (``bench/admission.py``'s floor)."""
 PATCHER = "kubelet-patcher"
 """The benchmark's own client: its CPU is recorded, never counted as a side's."""
 BENCHMARK = "benchmark"
@@ -412,6 +422,33 @@ def figures_of(
     ]  # fmt: skip
 
 
+def floor_lines(
+    floor: dict[str, Any], tally: dict[str, Any], upstream: dict[str, Any]
+) -> list[str]:
+    """tally's and upstream's create latencies against the floor side's (no target: the floor
+    is what answering a review costs the API server at all, with no quota system)."""
+    lines = []
+    for phase in LATENCY_PHASES:
+        f, t, u = (side["phases"][phase] for side in (floor, tally, upstream))
+        lines.append(
+            f"{phase}: create p99 floor {f['create_p99_ms']:.1f} ms; tally / floor "
+            f"{t['create_p99_ms'] / f['create_p99_ms']:.2f}x, upstream / floor "
+            f"{u['create_p99_ms'] / f['create_p99_ms']:.2f}x"
+        )
+    return lines
+
+
+def floor_figures(floor: dict[str, Any], tally: dict[str, Any]) -> list[Figure]:
+    """The picture's panels against the floor side."""
+    f, t = floor["phases"], tally["phases"]
+    return [
+        Figure("create p99, no churn: tally vs floor", "ms", t["calm"]["create_p99_ms"],
+               f["calm"]["create_p99_ms"], reference_name="floor"),
+        Figure("create p99, under churn: tally vs floor", "ms", t["churn"]["create_p99_ms"],
+               f["churn"]["create_p99_ms"], reference_name="floor"),
+    ]  # fmt: skip
+
+
 # -- the checks (pure)
 
 
@@ -596,9 +633,12 @@ def pod_body(name: str, *, played: bool = False) -> dict[str, Any]:
 class Side:
     def __init__(
         self, label: str, plane: cluster.State, api: client.ApiClient, pids: dict[str, int],
-        plan: Plan,
+        plan: Plan, *, floor: FloorWebhook | None = None,
     ) -> None:  # fmt: skip
+        """``floor``: the floor side (no quota system: no quotas, no deletes to replenish; the
+        floor webhook reviews its pod creates)."""
         self.label = label
+        self.floor = floor
         self.plane = plane
         self.api = api
         # No thread-pool hops per request for the proxy variables and ~/.netrc: on a saturated
@@ -618,13 +658,28 @@ class Side:
         self.deleted = 0
         self.replenish_pods = 0
         self.deleting = asyncio.Lock()
+        self.listed: dict[str, int] = {}
+        """Each namespace's pods at the end, from a LIST."""
 
     def cpu(self) -> dict[str, float]:
         machine = machine_seconds(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
         return {**machine, **{name: cpu_seconds(pid) for name, pid in self.pids.items()}}
 
+    @property
+    def quota(self) -> bool:
+        """Whether a quota system runs on this side (upstream's or tally)."""
+        return self.floor is None
+
     async def prepare(self, hard: dict[str, int | None], replenish: int) -> None:
-        """Namespaces, quotas whose status is filled in, then the pods, charged at admission."""
+        """Namespaces, quotas whose status is filled in, then the pods, charged at admission.
+        On the floor side: the floor webhook registered, the namespaces and the pods."""
+        if self.floor is not None:
+            await self.raw.call(
+                "POST",
+                "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+                self.floor.configuration(),
+            )
+            replenish = 0  # nothing to replenish: no deletes
         self.replenish_pods = replenish
         names = [*self.plan.names, REPLENISH_NAMESPACE]
         for name in names:
@@ -632,6 +687,10 @@ class Side:
         for name in names:  # pods are refused until the default service account exists
             await self._until(f"/api/v1/namespaces/{name}/serviceaccounts/default",
                               lambda _: True, "a default service account")  # fmt: skip
+        if self.floor is not None:
+            await self._prepare_pods({**self.plan.initial_pods()})
+            await self._until_reviewed(self.floor)
+            return
         self.watch.start()
         room = 100_000
         for name in names:
@@ -642,6 +701,12 @@ class Side:
         for name in names:
             await self._until_used(name, 0)
         initial = {**self.plan.initial_pods(), REPLENISH_NAMESPACE: replenish}
+        await self._prepare_pods(initial)
+        for name, count in initial.items():
+            await self._until_used(name, count)
+
+    async def _prepare_pods(self, initial: dict[str, int]) -> None:
+        """Create the pods each namespace starts with, then start the kubelet patcher."""
         jobs = [
             (lambda name=name, index=index: self.raw.create(
                 f"/api/v1/namespaces/{name}/pods",
@@ -650,13 +715,21 @@ class Side:
             for index in range(count)
         ]  # fmt: skip
         await bounded(jobs, 20, label=f"{self.label}: pods", total=len(jobs))
-        for name, count in initial.items():
-            await self._until_used(name, count)
-        print(f"  {self.label}: {sum(initial.values())} pods charged; starting its kubelet "
+        print(f"  {self.label}: {sum(initial.values())} pods created; starting its kubelet "
               f"patcher", file=sys.stderr, flush=True)  # fmt: skip
         churned = await self.patcher.start()
         assert churned == self.plan.pods, f"the patcher found {churned} pods"
         self.pids[PATCHER] = self.patcher.pid
+
+    async def _until_reviewed(self, floor: FloorWebhook) -> None:
+        """Create pods (counted as admitted creates) until the floor has answered a review:
+        its configuration takes effect a moment after it is written."""
+        deadline = time.monotonic() + WAIT_S
+        while not await asyncio.to_thread(floor.first_review.wait, 0.5):
+            if not await self.create():
+                raise RuntimeError(f"floor: a create was refused: {self.refusals[-1]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API server never called the floor webhook")
 
     def expected_pods(self) -> dict[str, int]:
         """The pods each namespace should hold: as prepared, plus the creates admitted, less the
@@ -722,6 +795,8 @@ class Side:
             await self.delete(record)
             return True
 
+        deletes = block.deletes if self.quota else []
+
         async def churn() -> dict[str, Any] | None:
             if not block.churn:
                 return None
@@ -730,7 +805,7 @@ class Side:
         before = self.cpu()
         started = time.perf_counter()
         patched, created, _, _ = await asyncio.gather(
-            churn(), open_loop(block.creates, self.create), open_loop(block.deletes, delete),
+            churn(), open_loop(block.creates, self.create), open_loop(deletes, delete),
             asyncio.sleep(block.seconds),
         )  # fmt: skip
         record.drained_s.append(await self.drained())
@@ -767,10 +842,19 @@ class Side:
         status.seconds = time.perf_counter() - started
         status.add_cpu(before, self.cpu())
 
+    async def listed_pods(self) -> dict[str, int]:
+        """Each namespace's pods, from a LIST."""
+        return {
+            name: len(await self.raw.list_all(f"/api/v1/namespaces/{name}/pods"))
+            for name in [*self.plan.names, REPLENISH_NAMESPACE]
+        }
+
     async def quotas(self) -> dict[str, QuotaState]:
         """Every quota once its ``used.pods`` equals its namespace's pods (or after
-        ``WAIT_S``), beside the LIST."""
+        ``WAIT_S``), beside the LIST; none on the floor side."""
         found: dict[str, QuotaState] = {}
+        if not self.quota:
+            return found
         for name in [*self.plan.names, REPLENISH_NAMESPACE]:
             deadline = time.monotonic() + WAIT_S
             while True:
@@ -824,26 +908,38 @@ async def settle(busy: Callable[[], float], cores: float, *, within: float = 90.
 
 async def measure(
     plan: Plan, reference: cluster.State, operator: cluster.State, tally_pid: int,
-    start_kopf_watch: Callable[[], int],
+    start_kopf_watch: Callable[[], int], floor_plane: cluster.State | None = None,
+    floor: FloorWebhook | None = None,
 ) -> tuple[list[Side], dict[str, int | None], dict[str, dict[str, QuotaState]]]:  # fmt: skip
-    """Every phase on both sides, then every quota beside its pods; the sides, the tight
-    limits and the quotas."""
+    """Every phase on every side, then every quota beside its pods; the sides, the tight
+    limits and the quotas (none on the floor side, whose pods are counted by a LIST:
+    ``Side.listed``)."""
     blocks = schedule(plan)
     hard = hard_pods(plan, blocks)
     replenish = replenish_pods(blocks)
     sides = [
         Side("upstream", reference, await api_client(reference.kubeconfig, pool=OPEN_POOL),
              {**reference.pids, BENCHMARK: os.getpid()}, plan),
-        Side("tally", operator, await api_client(operator.kubeconfig, pool=OPEN_POOL),
-             {**operator.pids, "tally": tally_pid, BENCHMARK: os.getpid()}, plan),
     ]  # fmt: skip
+    if floor_plane is not None and floor is not None:
+        assert floor.process is not None
+        sides.append(
+            Side(FLOOR, floor_plane, await api_client(floor_plane.kubeconfig, pool=OPEN_POOL),
+                 {**floor_plane.pids, FLOOR: floor.process.pid, BENCHMARK: os.getpid()}, plan,
+                 floor=floor)
+        )  # fmt: skip
+    sides.append(
+        Side("tally", operator, await api_client(operator.kubeconfig, pool=OPEN_POOL),
+             {**operator.pids, "tally": tally_pid, BENCHMARK: os.getpid()}, plan)
+    )  # fmt: skip
     try:
         await asyncio.gather(*(side.prepare(hard, replenish) for side in sides))
         for side in sides:
             for name in ("warm-up", *LATENCY_PHASES):
                 side.records[name] = Record()
         for number, block in enumerate(blocks):
-            order = sides if number % 2 == 0 else sides[::-1]
+            shift = number % len(sides)
+            order = sides[shift:] + sides[:shift]
             for side in order:
                 await side.block(side.records[block.phase], block)
             print(f"  {block.phase} block {block.index + 1} done "
@@ -859,6 +955,12 @@ async def measure(
             print(f"  {side.label}: quiet and status-only phases done", file=sys.stderr,
                   flush=True)  # fmt: skip
         quotas = {side.label: await side.quotas() for side in sides}
+        for side in sides:
+            side.listed = (
+                {ns: quota.pods for ns, quota in quotas[side.label].items()}
+                if side.quota
+                else await side.listed_pods()
+            )
     finally:
         for side in sides:
             await side.patcher.stop()
@@ -876,7 +978,9 @@ def ms(value: float) -> str:
 
 def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
            quotas: dict[str, dict[str, QuotaState]], started_on: str, revision: str,
-           results: Path | None) -> bool:  # fmt: skip
+           results: Path | None, floor_reviews: int | None = None) -> bool:  # fmt: skip
+    """Print and write the figures; whether every target was met and every check passed.
+    ``floor_reviews``: the reviews the floor webhook said it allowed (None: no floor side)."""
     summaries = {side.label: side_summary(side.records) for side in sides}
     print(f"churn (patcher mode): {plan.pods} pods in {plan.namespaces} namespaces, status "
           f"updates at {plan.update_rate:g}/s from {plan.clients} clients, creates at "
@@ -891,10 +995,11 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
         for name in LATENCY_PHASES:
             s = summary["phases"][name]
             rate = f"{s['updates_per_s']:.0f}" if "updates_per_s" in s else "-"
+            replenish = (f"{ms(s['replenish_p50_ms']):>15}{ms(s['replenish_p99_ms']):>12}"
+                         if "replenish_p50_ms" in s else f"{'-':>15}{'-':>12}")  # fmt: skip
             print(f"{label + ', ' + name:22}{s['creates']:>8}{ms(s['create_p50_ms']):>12}"
                   f"{ms(s['create_p99_ms']):>12}{ms(s['create_p99_9_ms']):>12}"
-                  f"{s['refused']:>8}{rate:>11}{ms(s['replenish_p50_ms']):>15}"
-                  f"{ms(s['replenish_p99_ms']):>12}")  # fmt: skip
+                  f"{s['refused']:>8}{rate:>11}{replenish}")  # fmt: skip
     for label, summary in summaries.items():
         status = summary["phases"]["status only"]
         print(f"{label}: status only {status['updates_per_s']:.0f} updates/s "
@@ -915,19 +1020,28 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
     found = targets(summaries["upstream"], summaries["tally"])
     for target in found:
         print(target.line())
+    if FLOOR in summaries:
+        for line in floor_lines(summaries[FLOOR], summaries["tally"], summaries["upstream"]):
+            print(line)
     problems: dict[str, list[str]] = {}
     tight = plan.names[-1]
     for side in sides:
         mine = [p for ns, quota in quotas[side.label].items() for p in quota_problems(ns, quota)]
-        mine += [f"refused: {r}" for r in refusal_problems(side.refusals, tight)]
-        mine += count_problems({ns: q.pods for ns, q in quotas[side.label].items()},
-                               side.expected_pods())  # fmt: skip
+        # Without a quota no create may be refused at all.
+        mine += [
+            f"refused: {r}"
+            for r in (refusal_problems(side.refusals, tight) if side.quota else side.refusals)
+        ]
+        mine += count_problems(side.listed, side.expected_pods())  # fmt: skip
         problems[side.label] = mine
-        states = quotas[side.label]
-        print(f"{side.label}: {side.created} creates sent, {len(side.refusals)} refused "
-              f"(the tight quota {tight}: {states[tight].pods} pods, hard {hard[tight]}); "
-              f"pods per namespace {', '.join(f'{ns} {q.pods}' for ns, q in states.items())}; "
-              f"{'every quota matches its pods' if not mine else 'PROBLEMS:'}")  # fmt: skip
+        listed = ", ".join(f"{ns} {count}" for ns, count in side.listed.items())
+        tight_note = (f" (the tight quota {tight}: {side.listed[tight]} pods, hard {hard[tight]})"
+                      if side.quota else "")  # fmt: skip
+        checked_note = ("every quota matches its pods" if side.quota
+                        else "every create admitted and listed")  # fmt: skip
+        print(f"{side.label}: {side.created} creates sent, {len(side.refusals)} refused"
+              f"{tight_note}; pods per namespace {listed}; "
+              f"{checked_note if not mine else 'PROBLEMS:'}")  # fmt: skip
         for problem in mine[:10]:
             print(f"  {problem}")
     checked = not any(problems.values())
@@ -952,8 +1066,12 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
         "problems": problems,
         "ok": checked and met,
     }
-    write_results("churn", result, figures_of(summaries["upstream"], summaries["tally"], found),
-                  path=results)  # fmt: skip
+    if floor_reviews is not None:
+        result["floor_reviews_allowed"] = floor_reviews
+    figures = figures_of(summaries["upstream"], summaries["tally"], found)
+    if FLOOR in summaries:
+        figures += floor_figures(summaries[FLOOR], summaries["tally"])
+    write_results("churn", result, figures, path=results)
     return checked and met
 
 
@@ -981,6 +1099,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-seconds", type=float, default=defaults.status_s)
     parser.add_argument("--warmup-seconds", type=float, default=defaults.warmup_s)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                        help="a third side: the Go floor webhook on a plane without a quota "
+                             "system")  # fmt: skip
     parser.add_argument("--results", type=Path, default=None,
                         help="JSON to write (bench/results/churn.json)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -993,9 +1114,20 @@ def main(argv: list[str] | None = None) -> int:
     started_on = machine()
     revision = source_revision()
     with contextlib.ExitStack() as stack:
-        print("starting the reference and operator control planes ...", file=sys.stderr)
+        if args.floor:
+            ensure_floor()
+        print("starting the control planes ...", file=sys.stderr)
         reference = stack.enter_context(control_plane("reference"))
         operator = stack.enter_context(control_plane("operator"))
+        floor_plane: cluster.State | None = None
+        floor: FloorWebhook | None = None
+        if args.floor:
+            floor_plane = stack.enter_context(control_plane("operator"))
+            pki = cluster.webhook_client_pki(Path(floor_plane.dir))
+            assert pki is not None, "an operator-mode control plane presents a client certificate"
+            floor = FloorWebhook(Path(stack.enter_context(tempfile.TemporaryDirectory())), pki.ca)
+            stack.callback(floor.stop)
+            floor.start()
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         tally = operator_process.TallyProcess(
             Path(operator.kubeconfig), logs / "tally.log", bin_dir=Path(operator.bin_dir)
@@ -1018,12 +1150,17 @@ def main(argv: list[str] | None = None) -> int:
         print("measuring ...", file=sys.stderr)
         try:
             sides, hard, quotas = asyncio.run(
-                measure(plan, reference, operator, tally.process.pid, start_kopf_watch)
-            )
+                measure(plan, reference, operator, tally.process.pid, start_kopf_watch,
+                        floor_plane, floor)
+            )  # fmt: skip
         except BaseException:
             print(f"--- tally's log (tail) ---\n{tally.log_text()}", file=sys.stderr)
             raise
-        ok = report(plan, sides, hard, quotas, started_on, revision, args.results)
+        floor_reviews = None
+        if floor is not None:
+            floor.stop()
+            floor_reviews = floor.allowed
+        ok = report(plan, sides, hard, quotas, started_on, revision, args.results, floor_reviews)
     return 0 if ok else 1
 
 

@@ -217,6 +217,25 @@ def test_the_figures_compare_tally_with_upstream_kcm_and_the_kopf_watch() -> Non
     assert 3 == sum(1 for figure in figures if figure.target)
 
 
+def test_the_floor_side_is_compared_without_a_target() -> None:
+    # side(): calm p99 30 ms; churn p99 as given.
+    floor = side(100.0, 0.0, {churn.FLOOR: 0.0})
+    tally = side(290.0, 110.0, {"tally": 1.5, KOPF: 1.0})
+    upstream = side(200.0, 100.0, {"kube-controller-manager": 0.4})
+
+    lines = churn.floor_lines(floor, tally, upstream)
+    figures = {figure.name: panel(figure) for figure in churn.floor_figures(floor, tally)}
+
+    assert [
+        "calm: create p99 floor 30.0 ms; tally / floor 1.00x, upstream / floor 1.00x",
+        "churn: create p99 floor 100.0 ms; tally / floor 2.90x, upstream / floor 2.00x",
+    ] == lines
+    assert {
+        "create p99, no churn: tally vs floor": (30.0, 30.0, "floor", None),
+        "create p99, under churn: tally vs floor": (290.0, 100.0, "floor", None),
+    } == figures
+
+
 # -- the checks
 
 
