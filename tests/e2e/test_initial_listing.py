@@ -10,7 +10,8 @@ operator, at every restart alike. Where the API server streams a watch's initial
 expire; where it does not (the feature off, as Kubernetes 1.33 ships it), Kopf pages as before
 and tally says what that risks.
 
-Each test has a plane of its own, with kwok nodes like every other:
+Each test has a plane of its own, with kwok nodes like every other; two of each test's
+configmaps hold just under 1 MiB (a streamed listing carries each in one line):
 
 * compaction every second (``--etcd-compaction-interval=1s``), with writes elsewhere moving
   etcd's revision on: a continue token then lives about ten seconds (measured on such a plane:
@@ -48,6 +49,10 @@ READY_WITHIN_S: Final = 120.0
 """tally's readiness waits for the start-up re-list (~30 s after its LISTs), which comes after
 Kopf's listings; generous beside it."""
 QUOTA: Final = "listing"
+BIG: Final = 2
+"""Of the configmaps, those holding just under the API server's 1 MiB limit: a streamed
+listing carries each whole in one line."""
+BIG_DATA: Final = 1_000_000
 
 
 @contextlib.contextmanager
@@ -72,17 +77,20 @@ async def _api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
 
 
 async def _populate(api: client.ApiClient, namespace: str, count: int) -> None:
-    """The namespace, its ``kube-root-ca.crt``, ``count`` configmaps and a quota counting them
-    (its status empty: no quota system runs yet)."""
+    """The namespace, its ``kube-root-ca.crt``, ``count`` configmaps (the first ``BIG`` of them
+    near 1 MiB) and a quota counting them (its status empty: no quota system runs yet)."""
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})
     await wait_for_root_ca_configmap(api, namespace)
     slots = asyncio.Semaphore(CREATES_IN_FLIGHT)
 
     async def create(index: int) -> None:
+        data = {"index": str(index)}
+        if index < BIG:
+            data["filler"] = "x" * BIG_DATA
         async with slots:
             await core.create_namespaced_config_map(
-                namespace, {"metadata": {"name": f"map-{index}"}, "data": {"index": str(index)}}
+                namespace, {"metadata": {"name": f"map-{index}"}, "data": data}
             )
 
     await asyncio.gather(*(create(index) for index in range(count)))
