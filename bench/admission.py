@@ -66,6 +66,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,6 +355,21 @@ class FloorWebhook:
                 return int(line.split()[1])
         return -1
 
+    async def until_reviewed(
+        self, create: Callable[[], Awaitable[bool]], refusal: Callable[[], str]
+    ) -> None:
+        """Create (``create``: one create, whether it was admitted) until the floor has answered
+        a review: its configuration takes effect a moment after it is written."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            if not await create():
+                raise RuntimeError(f"floor: a create was refused: {refusal()}")
+            # The floor prints before it answers; its reader thread may be a moment behind.
+            if await asyncio.to_thread(self.first_review.wait, 1.0):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API server never called the floor webhook")
+
     def configuration(self) -> dict[str, Any]:
         """tally's registration (fixed fields and namespaceSelector), for pod creates only and
         pointing at the floor."""
@@ -374,16 +390,8 @@ async def register_floor(side: Side, floor: FloorWebhook) -> int:
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
         floor.configuration(),
     )
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        before = side.created
-        if not await side.create():
-            raise RuntimeError(f"floor: a create was refused: {side.failures[-1]}")
-        # The floor prints before it answers; its reader thread may be a moment behind.
-        if await asyncio.to_thread(floor.first_review.wait, 1.0):
-            return before
-        if time.monotonic() > deadline:
-            raise RuntimeError("the API server never called the floor webhook")
+    await floor.until_reviewed(side.create, lambda: side.failures[-1])
+    return side.created - 1
 
 
 @dataclass

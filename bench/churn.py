@@ -689,7 +689,7 @@ class Side:
                               lambda _: True, "a default service account")  # fmt: skip
         if self.floor is not None:
             await self._prepare_pods({**self.plan.initial_pods()})
-            await self._until_reviewed(self.floor)
+            await self.floor.until_reviewed(self.create, lambda: self.refusals[-1])
             return
         self.watch.start()
         room = 100_000
@@ -720,16 +720,6 @@ class Side:
         churned = await self.patcher.start()
         assert churned == self.plan.pods, f"the patcher found {churned} pods"
         self.pids[PATCHER] = self.patcher.pid
-
-    async def _until_reviewed(self, floor: FloorWebhook) -> None:
-        """Create pods (counted as admitted creates) until the floor has answered a review:
-        its configuration takes effect a moment after it is written."""
-        deadline = time.monotonic() + WAIT_S
-        while not await asyncio.to_thread(floor.first_review.wait, 0.5):
-            if not await self.create():
-                raise RuntimeError(f"floor: a create was refused: {self.refusals[-1]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("the API server never called the floor webhook")
 
     def expected_pods(self) -> dict[str, int]:
         """The pods each namespace should hold: as prepared, plus the creates admitted, less the
