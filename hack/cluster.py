@@ -60,7 +60,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 HACK_DIR = Path(__file__).resolve().parent
 GO_MODULE_DIR = HACK_DIR / "k8s"
@@ -915,11 +915,17 @@ def up(
     extra_apiserver_args: Sequence[str] = (),
     extra_controller_manager_args: Sequence[str] = (),
     nodes: int = 0,
+    kwok_pod_parallelism: int | None = None,
 ) -> State:
     """Start etcd, kube-apiserver and kube-controller-manager in ``mode``; wait until usable.
 
     With ``nodes`` > 0 also kube-scheduler and kwok, and that many simulated nodes; usable then
     also means every node Ready and untainted (pods are scheduled as soon as they are created).
+    ``kwok_pod_parallelism``: how many pods kwok moves through a stage at once (kwok's
+    ``podPlayStageParallelism``; None: kwok's default, 4). Each move is a request to the API
+    server, so kwok's pace is at most this many per request latency: on a plane holding
+    100 000 Pending pods kwok ran ~50 a second with 4. A kubelet starts its pods in parallel,
+    one worker each.
 
     The extra arguments go last, so they override the defaults below (the last value of a flag
     wins): ``extra_controller_manager_args=["--kube-api-qps=20", "--kube-api-burst=30"]`` gives
@@ -933,6 +939,8 @@ def up(
         raise ClusterError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
     if nodes < 0:
         raise ClusterError(f"--nodes must be 0 or more, not {nodes}")
+    if kwok_pod_parallelism is not None and kwok_pod_parallelism < 1:
+        raise ClusterError(f"kwok's pod parallelism must be 1 or more, not {kwok_pod_parallelism}")
     directory = directory.resolve()
     existing = State.load(directory)
     if existing is not None:
@@ -950,7 +958,10 @@ def up(
     kwok_binary = _ensure_kwok() if nodes else None
 
     # A leftover from a control plane that died: its data and certificates are not reused.
-    for stale in ("etcd", "pki", "logs", "state.json", "kubeconfig", "kwok", "kube-scheduler.json"):
+    for stale in (
+        "etcd", "pki", "logs", "state.json", "kubeconfig", "kwok", "kube-scheduler.json",
+        "kwok-configuration.json",
+    ):  # fmt: skip
         path = directory / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -987,7 +998,7 @@ def up(
     try:
         _start_components(state, pki, binaries, extra_apiserver_args, extra_controller_manager_args)
         if kwok_binary is not None:
-            _start_nodes(state, binaries, kwok_binary)
+            _start_nodes(state, binaries, kwok_binary, pod_parallelism=kwok_pod_parallelism)
     except BaseException:
         down(directory, quiet=True)
         raise
@@ -1168,12 +1179,42 @@ def _serving(port: int) -> bool:
         return False
 
 
-def _start_nodes(state: State, binaries: Path, kwok_binary: Path) -> None:
+def kwok_configuration(pod_parallelism: int) -> dict[str, Any]:
+    """kwok's KwokConfiguration with ``pod_parallelism`` pods moved through a stage at once.
+    kwok does not default a configuration it reads from a file (an option left out is 0, and a
+    parallelism of 0 stops kwok at start), so the rest of its defaults (v0.8.0) are spelt out;
+    the flags ``_start_nodes`` passes override the ones they name."""
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "podPlayStageParallelism": pod_parallelism,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+            "enablePodsOnNodeSyncListPager": True,
+            "enablePodsOnNodeSyncStreamWatch": False,
+            "enableDebuggingHandlers": True,
+            "enableContentionProfiling": False,
+            "enableProfilingHandler": True,
+        },
+    }
+
+
+def _start_nodes(
+    state: State, binaries: Path, kwok_binary: Path, *, pod_parallelism: int | None = None
+) -> None:
     """Start kube-scheduler and kwok, create ``state.nodes`` simulated nodes, and wait until
     the scheduler serves and every node is Ready."""
     import kwok
 
     directory = Path(state.dir)
+    configs = [f"--config={kwok.STAGES}"]
+    if pod_parallelism is not None:
+        # kwok reads every --config given.
+        options = directory / "kwok-configuration.json"
+        options.write_text(json.dumps(kwok_configuration(pod_parallelism), indent=2) + "\n")
+        configs.append(f"--config={options}")
     deadline = time.monotonic() + READY_TIMEOUT_S
     # Flags as kube-controller-manager's; the client settings in a configuration file, where
     # kube-scheduler's flags for them are deprecated. JSON is valid YAML.
@@ -1215,7 +1256,7 @@ def _start_nodes(state: State, binaries: Path, kwok_binary: Path) -> None:
         [
             str(kwok_binary),
             f"--kubeconfig={state.kubeconfig}",
-            f"--config={kwok.STAGES}",
+            *configs,
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
             f"--cidr={POD_CIDR}",
@@ -1311,9 +1352,11 @@ def status(directory: Path) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def running(directory: Path, mode: str, *, nodes: int = 0) -> Iterator[State]:
+def running(
+    directory: Path, mode: str, *, nodes: int = 0, kwok_pod_parallelism: int | None = None
+) -> Iterator[State]:
     """``up`` for the duration of a ``with`` block, ``down`` after it, whatever happens."""
-    state = up(directory, mode, nodes=nodes)
+    state = up(directory, mode, nodes=nodes, kwok_pod_parallelism=kwok_pod_parallelism)
     try:
         yield state
     finally:

@@ -40,3 +40,32 @@ def test_the_front_proxy_has_a_ca_of_its_own(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="subject does not match"):
         client.verify_directly_issued_by(cluster_ca)
     assert front_ca.subject != cluster_ca.subject
+
+
+def test_kwoks_configuration_keeps_its_other_defaults() -> None:
+    """kwok reads a configuration file without defaulting it (a parallelism left at 0 stops
+    it): every option but the pods' parallelism is kwok v0.8.0's default, from its
+    ``SetObjectDefaults_KwokConfiguration``."""
+    configuration = cluster.kwok_configuration(32)
+    assert configuration["apiVersion"] == "config.kwok.x-k8s.io/v1alpha1"
+    assert configuration["kind"] == "KwokConfiguration"
+    assert configuration["options"] == {
+        "podPlayStageParallelism": 32,
+        "nodePlayStageParallelism": 4,
+        "nodeLeaseParallelism": 4,
+        "podsOnNodeSyncParallelism": 1,
+        "enablePodsOnNodeSyncListPager": True,
+        "enablePodsOnNodeSyncStreamWatch": False,
+        "enableDebuggingHandlers": True,
+        "enableContentionProfiling": False,
+        "enableProfilingHandler": True,
+    }
+
+
+@pytest.mark.parametrize("parallelism", [0, -4])
+def test_a_kwok_parallelism_below_one_is_refused_before_anything_starts(
+    tmp_path: Path, parallelism: int
+) -> None:
+    with pytest.raises(cluster.ClusterError, match="1 or more"):
+        cluster.up(tmp_path, "operator", nodes=1, kwok_pod_parallelism=parallelism)
+    assert list(tmp_path.iterdir()) == []
