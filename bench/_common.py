@@ -46,16 +46,24 @@ test of the API server's overload behaviour."""
 
 @contextlib.contextmanager
 def control_plane(
-    mode: str, *, nodes: int = cluster.DEFAULT_NODES, kwok_pod_parallelism: int | None = None
+    mode: str,
+    *,
+    nodes: int = cluster.DEFAULT_NODES,
+    kwok_pod_parallelism: int | None = None,
+    extra_controller_manager_args: Sequence[str] = (),
 ) -> Iterator[cluster.State]:
     """A control plane in ``mode`` in a fresh temporary directory, stopped and removed after;
     with ``nodes`` simulated nodes, so the pods a benchmark creates are scheduled and run and
-    every figure includes the pod events a cluster's kubelets make (``kwok_pod_parallelism``:
-    :func:`cluster.up`'s)."""
+    every figure includes the pod events a cluster's kubelets make (``kwok_pod_parallelism``,
+    ``extra_controller_manager_args``: :func:`cluster.up`'s)."""
     directory = Path(tempfile.mkdtemp(prefix=f"tally-bench-{mode}-"))
     try:
         with cluster.running(
-            directory, mode, nodes=nodes, kwok_pod_parallelism=kwok_pod_parallelism
+            directory,
+            mode,
+            nodes=nodes,
+            kwok_pod_parallelism=kwok_pod_parallelism,
+            extra_controller_manager_args=extra_controller_manager_args,
         ) as state:
             yield state
     finally:

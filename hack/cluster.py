@@ -1353,10 +1353,21 @@ def status(directory: Path) -> dict[str, object]:
 
 @contextlib.contextmanager
 def running(
-    directory: Path, mode: str, *, nodes: int = 0, kwok_pod_parallelism: int | None = None
+    directory: Path,
+    mode: str,
+    *,
+    nodes: int = 0,
+    kwok_pod_parallelism: int | None = None,
+    extra_controller_manager_args: Sequence[str] = (),
 ) -> Iterator[State]:
     """``up`` for the duration of a ``with`` block, ``down`` after it, whatever happens."""
-    state = up(directory, mode, nodes=nodes, kwok_pod_parallelism=kwok_pod_parallelism)
+    state = up(
+        directory,
+        mode,
+        nodes=nodes,
+        kwok_pod_parallelism=kwok_pod_parallelism,
+        extra_controller_manager_args=extra_controller_manager_args,
+    )
     try:
         yield state
     finally:
