@@ -34,7 +34,9 @@ MIB = 2**20
 def row_of(document: dict[str, Any], commit: str) -> dict[str, Any]:
     """The series' row for one ``bench/results/scale.json`` document."""
     tally, upstream = document["tally"], document["upstream"]
-    syncs = str(tally.get("syncs") or "").split(" ", 1)[0]
+    # The start-up's syncs, without the periodic resync a long run reaches (older documents
+    # have the final count only).
+    syncs = str(tally.get("syncs_in_startup") or tally.get("syncs") or "").split(" ", 1)[0]
     takeover = tally.get("takeover") or {}
     return {
         "pods": document["pods"],

@@ -77,3 +77,34 @@ def test_a_window_keeps_the_creates_sent_within_it() -> None:
     assert (50.0, 99.0, 2000.0) == (span.p50_ms, span.p99_ms, span.max_ms)
     empty = scale_startup.window(creates, 5.0, 6.0)
     assert (0, None) == (empty.creates, empty.p99_ms)
+
+
+def test_the_start_ups_syncs_leave_out_the_periodic_resync() -> None:
+    """The 150 000-pod run of 2026-11-28 read 20 131 syncs for 10 000 quotas at 390 s: the
+    controllers started at 84 s, so the first full resync (every quota once more) was due at
+    384 s, inside the run. The start-up's count is the last read before that."""
+    final, sampled = "20131.0 syncs, 815.58 s in total", "10131.0 syncs, 700.00 s in total"
+    assert scale.startup_syncs(final, sampled, lease_s=84.4, end_s=390.0) == sampled
+    # A run over before the resync could begin (the 50 000-pod runs ended at 203 s).
+    assert scale.startup_syncs(final, sampled, lease_s=32.5, end_s=202.7) == final
+    # Within the margin before the resync: the last read, not the final count.
+    assert scale.startup_syncs(final, sampled, lease_s=0.0, end_s=295.0, period=300.0) == sampled
+    # No lease seen: nothing says when the controllers started; the final count.
+    assert scale.startup_syncs(final, sampled, lease_s=None, end_s=390.0) == final
+
+
+def test_the_series_counts_the_start_ups_syncs_where_the_run_has_them() -> None:
+    import scale_series
+
+    document = {
+        "pods": 150000, "namespaces": 10000, "quotas": 10000, "when": None,
+        "upstream": {"kcm_rss": 2**20, "kcm_peak": 2**20},
+        "tally": {
+            "rss": 2**20, "peak": 2**20,
+            "syncs": "20131.0 syncs, 815.58 s in total",
+            "syncs_in_startup": "10131.0 syncs, 700.00 s in total",
+        },
+    }  # fmt: skip
+    assert scale_series.row_of(document, "abc")["syncs_per_quota"] == pytest.approx(1.0131)
+    del document["tally"]["syncs_in_startup"]  # type: ignore[attr-defined]
+    assert scale_series.row_of(document, "abc")["syncs_per_quota"] == pytest.approx(2.0131)
