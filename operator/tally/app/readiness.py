@@ -18,6 +18,14 @@ passes that work as ``pending``: the window starts only once no start-up re-list
 or under way, so no replica is ready sooner than about 35 s after its start (the re-list's
 30 s, then the window).
 
+**After Kopf's listings.** A prompt loop alone can mislead at scale: the replay is no steady
+load (the API server sends each listing at its own pace, and the loop may wait for the next
+part of it). At 150 000 pods a 5 s window came in a pause while the listings were still
+arriving (the loop was still busy 30 s later), and creates judged after it waited up to 3.4 s.
+So ``pending`` also holds until every object the caches held when the watches began has been
+delivered again by Kopf, or is gone (:class:`tally.machinery.informers.ListingReplay`),
+whatever pauses come between.
+
 **Latched.** Once ready, a replica stays ready while it serves. Readiness decides where a
 Service sends reviews. Taking a serving replica out under a burst would send its share to the
 others, and in a one-replica deployment leave no endpoint: with ``failurePolicy: Fail`` every
@@ -25,9 +33,11 @@ create the webhook judges would then be refused, which is worse than a slow answ
 the start is admission's to absorb (its lanes, its limits), not the probe's. A stop (SIGTERM)
 makes it unready at once.
 
-**Bounded.** A replica whose loop never quietens (a cluster whose steady load keeps it late)
-reports ready anyway ``TALLY_READINESS_TIMEOUT`` seconds after its webhook began to serve, with
-a warning: a replica that would never be ready leaves the webhook without endpoints.
+**Bounded.** A replica that would never be ready leaves the webhook without endpoints, so it
+reports ready anyway, with a warning: when its start-up work made no progress for
+``TALLY_READINESS_TIMEOUT`` seconds (a watch that never lists; a listing still arriving is
+progress, however long it takes at scale), or when its loop never quietened for that long
+after the start-up work was done (a cluster whose steady load keeps it late).
 
 Every lag is observed (``tally_event_loop_lag_seconds``), so a dashboard shows how late the
 loop runs at any time, not only at the start.
@@ -77,6 +87,10 @@ class Readiness:
         self._pending = pending
         self._pending_at: float | None = None
         """The last check that found start-up work pending."""
+        self._waiting_for: str | None = None
+        """What that check found pending."""
+        self._progress_at: float | None = None
+        """The last check that found the pending work moved on (another reason)."""
         self._serving_since: float | None = None
         self._late: tuple[float, float] | None = None
         """(when, how late) of the last sample over ``max_lag``."""
@@ -113,8 +127,12 @@ class Readiness:
         late_at, lag = self._late if self._late is not None else (since, 0.0)
         waiting_for = self._pending() if self._pending is not None else None
         if waiting_for is not None:
+            if self._waiting_for is not None and waiting_for != self._waiting_for:
+                self._progress_at = now
+            self._waiting_for = waiting_for
             self._pending_at = now
         pending_at = since if self._pending_at is None else self._pending_at
+        progress_at = since if self._progress_at is None else max(since, self._progress_at)
         prompt_for = now - max(since, late_at, pending_at)
         if prompt_for >= self.window:
             self._ready = True
@@ -123,20 +141,21 @@ class Readiness:
                 "webhook began to serve)", self.max_lag, self.window, now - since,
             )  # fmt: skip
             return True, "ok"
-        if now - since >= self.timeout and waiting_for is not None:
+        if waiting_for is not None and now - progress_at >= self.timeout:
             self._ready = True
             logger.warning(
-                "ready with start-up work still pending: %.0f s after the webhook began to "
-                "serve, %s", self.timeout, waiting_for,
+                "ready with start-up work still pending: it made no progress for %.0f s "
+                "(%.0f s after the webhook began to serve), %s", self.timeout, now - since,
+                waiting_for,
             )  # fmt: skip
             return True, "ok"
-        if now - since >= self.timeout:
+        if waiting_for is None and now - max(since, pending_at) >= self.timeout:
             self._ready = True
             logger.warning(
-                "ready without a prompt event loop: %.0f s after the webhook began to serve, "
-                "a timer still fired %.3f s late %.1f s ago (TALLY_READINESS_MAX_LOOP_LAG "
-                "%.3f s); reviews may wait that long", self.timeout, lag, now - late_at,
-                self.max_lag,
+                "ready without a prompt event loop: %.0f s after the start-up work was done "
+                "(%.0f s after the webhook began to serve), a timer still fired %.3f s late "
+                "%.1f s ago (TALLY_READINESS_MAX_LOOP_LAG %.3f s); reviews may wait that long",
+                self.timeout, now - since, lag, now - late_at, self.max_lag,
             )  # fmt: skip
             return True, "ok"
         if waiting_for is not None:

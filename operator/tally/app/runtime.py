@@ -207,7 +207,7 @@ class Runtime:
             window=settings.readiness_window,
             timeout=settings.readiness_timeout,
             on_lag=self.metrics.loop_lagged,
-            pending=self._relisting,
+            pending=self._start_up_pending,
         )
         self.readiness_endpoint = ReadinessEndpoint(self.readiness)
         self.informers[PODSETS].add_handler(self.podset_controller.on_podset)
@@ -251,6 +251,8 @@ class Runtime:
         # deleted between these LISTs and those is reported by neither. One re-list of every
         # kind, ~30 s from now, drops it (tally.machinery.informers: the first listing).
         self.caches.relist_all()
+        # Readiness waits until those listings have arrived (tally.app.readiness).
+        self.caches.expect_listings()
         # What start-up built lives as long as the process: out of the collector's walks.
         frozen = freeze_long_lived()
         logger.debug("%d objects kept out of the cyclic collector's walks", frozen)
@@ -284,12 +286,18 @@ class Runtime:
         self.readiness.serving(asyncio.get_running_loop().time())
         self.leadership.start(settings, self.dedicated_api)
 
-    def _relisting(self) -> str | None:
-        """The start-up re-lists still to come (readiness waits them out), as a reason."""
+    def _start_up_pending(self) -> str | None:
+        """The start-up work still to come on the loop (readiness waits it out), as a reason:
+        the re-lists, then the rest of Kopf's first listings."""
         kinds = self.caches.relisting()
-        if not kinds:
-            return None
-        return f"the start-up re-list of {', '.join(kinds)} is scheduled or under way"
+        if kinds:
+            return f"the start-up re-list of {', '.join(kinds)} is scheduled or under way"
+        listings = self.caches.listings_pending()
+        if listings:
+            return "Kopf's first listing has yet to deliver " + ", ".join(
+                f"{remaining} of {total} {kind}" for kind, remaining, total in listings
+            )
+        return None
 
     async def _sync_and_check(self) -> None:
         # The synced point: every kind listed once before any worker reads the caches.

@@ -122,8 +122,9 @@ class Settings(BaseModel):
     """``TALLY_READINESS_WINDOW``: seconds in a row, since the webhook began to serve, that
     the loop must stay within ``TALLY_READINESS_MAX_LOOP_LAG`` before the replica is ready."""
     readiness_timeout: float = Field(default=300.0, gt=0, le=86400)
-    """``TALLY_READINESS_TIMEOUT``: seconds after the webhook began to serve when the replica
-    reports ready even if its loop never was prompt for a whole window (with a warning)."""
+    """``TALLY_READINESS_TIMEOUT``: the replica reports ready anyway (with a warning) once its
+    start-up work made no progress for this many seconds, or once its loop was not prompt for a
+    whole window in this many seconds after that work was done (:mod:`tally.app.readiness`)."""
     metrics_auth: Literal["auto", "kubernetes", "none"] = "auto"
     """``TALLY_METRICS_AUTH``: who may read ``/metrics`` (quota names, namespaces, every
     tenant's usage). ``kubernetes``: HTTPS, and only a bearer token the API server

@@ -127,6 +127,26 @@ class KubeInformers:
         """The kinds whose re-list is scheduled or under way, by name."""
         return sorted(str(gr) for gr, informer in self.informers.items() if informer.relisting)
 
+    def expect_listings(self) -> None:
+        """Kopf's watches begin after now, each with a listing of its kind: from here on,
+        :meth:`listings_pending` tells how much of them has arrived."""
+        for informer in self.informers.values():
+            informer.expect_listing()
+
+    def listings_pending(self) -> list[tuple[str, int, int]]:
+        """The kinds whose first Kopf listing has not all arrived: (name, objects still to
+        come, objects held when the watch began), by name. Views are fed the same events as
+        their informer, so only informers are asked."""
+        pending = []
+        for gr, informer in self.informers.items():
+            listing = informer.listing
+            if listing is None or listing.done:
+                continue
+            remaining = listing.remaining()
+            if remaining:
+                pending.append((str(gr), remaining, listing.total))
+        return sorted(pending)
+
     def relist_all(self, since: float | None = None) -> None:
         """Kopf re-listed one kind after a watch gap seen at ``since`` (the informers' clock):
         every synced kind not LISTed since re-lists too. Kopf's re-list of a kind whose objects

@@ -165,8 +165,22 @@ class Store(Generic[P]):
         """The names of the objects in ``namespace`` (``""``: cluster-scoped objects)."""
         return list(self._entries.get(namespace, {}))
 
+    def count_in(self, namespace: str) -> int:
+        return len(self._entries.get(namespace, {}))
+
     def __len__(self) -> int:
         return sum(len(names) for names in self._entries.values())
+
+    def now(self) -> float:
+        """This store's clock, which stamps every write (``Entry.written_at``)."""
+        return self._clock()
+
+    def written_after(self, namespace: str, name: str, since: float) -> bool:
+        """Whether the object is gone or was last written (by an event or a LIST) after
+        ``since`` (:meth:`now`'s time): whatever the store held of it then has been delivered
+        again, even unchanged (an event's replay refreshes the write time)."""
+        entry = self.entry(namespace, name)
+        return entry is None or entry.written_at > since
 
     # -- writing from events
 

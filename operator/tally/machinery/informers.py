@@ -31,6 +31,12 @@ what Kopf does not give a plain event handler:
   listing schedules its own re-list (if that one already ran) but tells no owner: every other
   kind's is scheduled already.
 
+* **when Kopf's first listing has arrived** — Kopf reports no end of a listing to its handlers,
+  and at scale the replay of a kind's listing lasts minutes on the loop that answers reviews.
+  :meth:`Informer.expect_listing` notes what the store holds as Kopf's watch begins; the
+  :class:`ListingReplay` then says how much of it Kopf has delivered again (readiness waits
+  for all of it: :mod:`tally.app.readiness`).
+
 Handlers receive :class:`tally.machinery.cache.Change` values: ``old is None`` for an add, ``new is
 None`` for a delete, both set for an update. They must be quick and must not await.
 
@@ -66,6 +72,9 @@ MIN_RELIST_INTERVAL_S: Final = 30.0
 """A LIST of a large kind is expensive for the API server; watch gaps are rare. Bounds the
 extra LISTs to one per kind per interval, and delays a ghost's removal by at most as long."""
 RELIST_RETRY_S: Final = 5.0
+REPLAY_CHECK_BUDGET: Final = 2_000
+"""Objects :meth:`ListingReplay.remaining` looks at per call: a check made every 0.1 s must
+not itself hold the loop (150 000 pods at once would, for tens of milliseconds)."""
 
 
 class Informer(Generic[P]):
@@ -107,6 +116,8 @@ class Informer(Generic[P]):
         self._views: list[Informer[Any]] = []
         self._owner: Informer[Any] | None = None
         """The informer whose LISTs feed this view (:meth:`add_view`)."""
+        self.listing: ListingReplay | None = None
+        """How much of Kopf's first listing has arrived (:meth:`expect_listing`)."""
 
     def add_handler(self, handler: Handler[P]) -> None:
         self._handlers.append(handler)
@@ -197,6 +208,12 @@ class Informer(Generic[P]):
                     logger.exception("%s: handler failed for %s/%s", self.name, change.namespace,
                                      change.name)  # fmt: skip
 
+    def expect_listing(self) -> None:
+        """Kopf's watch of this kind begins after now (tally's LIST came first): its listing
+        will deliver every object the store holds, or the object is deleted meanwhile (the
+        start-up re-list drops what was deleted before Kopf listed)."""
+        self.listing = ListingReplay(self.store)
+
     # -- re-list after a watch gap
 
     @property
@@ -247,6 +264,65 @@ class Informer(Generic[P]):
         task, self._relist_task = self._relist_task, None
         if task is not None and not task.done():
             await cancel_and_wait(task)
+
+
+class ListingReplay:
+    """How far Kopf's first listing of a kind has come, told from the store alone.
+
+    Every write stamps an entry (:attr:`Entry.written_at`), a listed object's replay too, so
+    what the store held when the watch began has arrived once each of those entries is newer
+    or gone. A cursor walks the objects held then, in the order tally's LIST gave them (the
+    order Kopf's listing delivers them, namespace by namespace), and never walks back: an
+    entry once newer stays newer. Costs a list of the namespaces, and one namespace's names
+    at a time; nothing per object.
+    """
+
+    def __init__(self, store: Store[Any]) -> None:
+        self._store = store
+        self._since = store.now()
+        self._namespaces = store.namespaces()
+        self._sizes = [store.count_in(namespace) for namespace in self._namespaces]
+        self.total = sum(self._sizes)
+        """Objects held when the watch began."""
+        self.arrived = 0
+        """Of those, the ones walked past: delivered again, or gone. Exact at a namespace's
+        end; within one, objects deleted before the cursor reached it are not counted yet."""
+        self._next = 0
+        self._names: list[str] | None = None
+        self._name_next = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next == len(self._namespaces)
+
+    def remaining(self, budget: int = REPLAY_CHECK_BUDGET) -> int:
+        """Objects not yet known to have arrived (0 once all have), after walking at most
+        ``budget`` more of them."""
+        store, since = self._store, self._since
+        while budget > 0 and self._next < len(self._namespaces):
+            namespace = self._namespaces[self._next]
+            if self._names is None:
+                self._names, self._name_next = store.names_in(namespace), 0
+            names = self._names
+            while self._name_next < len(names) and budget > 0:
+                if not store.written_after(namespace, names[self._name_next], since):
+                    return self._remaining()
+                self._name_next += 1
+                budget -= 1
+            if self._name_next == len(names):
+                self.arrived += self._sizes[self._next]
+                self._next += 1
+                self._names = None
+        if not self.done:
+            return self._remaining()
+        self._namespaces, self._sizes, self._next = [], [], 0  # nothing more to walk
+        return 0
+
+    def _remaining(self) -> int:
+        """Still to come, the current namespace's walked objects counted as arrived (at least
+        the one the cursor waits at)."""
+        walked = self._name_next if self._names is not None else 0
+        return max(1, self.total - self.arrived - walked)
 
 
 class ListSync(Generic[P]):

@@ -109,6 +109,40 @@ def test_ready_at_the_timeout_even_with_start_up_work_pending(
     assert "the start-up re-list of pods is under way" in caplog.text
 
 
+def test_start_up_work_that_moves_on_is_waited_for_past_the_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Kopf's listing of 150 000 pods arrives for minutes: each check finds less to come.
+    left = [100]
+    readiness = Readiness(
+        max_lag=0.1, window=5.0, timeout=20.0,
+        pending=lambda: f"{left[0]} pods to come" if left[0] else None,
+    )  # fmt: skip
+    readiness.serving(0.0)
+    for second in range(0, 60, 10):
+        left[0] -= 10
+        assert readiness.check(float(second)) == (False, f"starting: {left[0]} pods to come")
+    # Stuck at 40 from 50 s on: ready the timeout after the last progress, not before.
+    assert not readiness.check(69.9)[0]
+    with caplog.at_level(logging.WARNING, logger="tally.app.readiness"):
+        assert readiness.check(70.0) == (True, "ok")
+    assert "made no progress for 20 s" in caplog.text
+    assert "40 pods to come" in caplog.text
+
+
+def test_the_loop_lag_timeout_counts_from_the_end_of_the_start_up_work() -> None:
+    pending = ["the start-up re-list of pods is under way"]
+    readiness = Readiness(max_lag=0.1, window=5.0, timeout=20.0,
+                          pending=lambda: pending[0] if pending else None)  # fmt: skip
+    readiness.serving(0.0)
+    readiness.check(15.0)
+    pending.clear()
+    for second in range(15, 35):
+        readiness.observe(0.3, now=float(second))  # late all along
+    assert not readiness.check(34.9)[0]  # 20 s after the work was last found pending, not 0
+    assert readiness.check(35.0) == (True, "ok")
+
+
 def test_stopping_is_unready_even_when_ready() -> None:
     readiness = gate()
     readiness.serving(0.0)

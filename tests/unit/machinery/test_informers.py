@@ -272,3 +272,118 @@ async def test_relisting_while_a_relist_is_scheduled_or_under_way() -> None:
     assert owner._relist_task is not None
     await owner._relist_task
     assert (1, False, False) == (owner.relists, owner.relisting, view.relisting)
+
+
+# -- how far Kopf's first listing has come (ListingReplay)
+
+
+class Ticks:
+    """A clock that moves on by one at every reading: every write is newer than the last."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def listed_informer(*keys: tuple[str, str]) -> Informer[str]:
+    store: Store[str] = Store(project, clock=Ticks())
+    for namespace, name in keys:
+        store.upsert(builders.pod(name, namespace=namespace, uid=f"u-{name}", bare=True,
+                                  resource_version="1"))  # fmt: skip
+    informer: Informer[str] = Informer("pods", store, empty_lister)
+    informer.expect_listing()
+    return informer
+
+
+async def empty_lister() -> AsyncIterator[list[dict[str, Any]]]:
+    yield []
+
+
+def replayed(namespace: str, name: str, version: str = "1") -> dict[str, Any]:
+    return builders.pod(name, namespace=namespace, uid=f"u-{name}", bare=True,
+                        resource_version=version)  # fmt: skip
+
+
+def test_a_listing_has_arrived_once_kopf_delivered_every_object_held_again() -> None:
+    informer = listed_informer(("a", "p"), ("a", "q"), ("b", "r"))
+    listing = informer.listing
+    assert listing is not None
+    assert (listing.total, listing.remaining(), listing.done) == (3, 3, False)
+    # Kopf's listing replays what the store holds unchanged (same resourceVersion): that is
+    # no change for the store, yet it is the listing arriving.
+    informer.on_event(None, replayed("a", "p"))
+    assert listing.remaining() == 2
+    informer.on_event(None, replayed("a", "q"))
+    assert listing.remaining() == 1
+    informer.on_event(None, replayed("b", "r"))
+    assert (listing.remaining(), listing.done) == (0, True)
+
+
+async def test_objects_deleted_before_kopf_listed_them_count_as_arrived() -> None:
+    # Deleted between tally's LIST and Kopf's: Kopf never delivers them, the start-up re-list
+    # removes them from the store, and the listing is complete without them.
+    informer = listed_informer(("a", "p"), ("a", "q"), ("b", "r"))
+    listing = informer.listing
+    assert listing is not None
+    informer.on_event(None, replayed("a", "q"))
+    informer.on_event(None, replayed("b", "r"))
+    assert listing.remaining() == 3  # a/p was neither delivered nor removed
+    informer.store.replace(
+        [replayed("a", "q"), replayed("b", "r")], started_at=informer.store.now()
+    )
+    assert listing.remaining() == 0
+    await informer.stop()
+
+
+def test_objects_deleted_by_an_event_count_as_arrived() -> None:
+    informer = listed_informer(("a", "p"), ("b", "q"))
+    listing = informer.listing
+    assert listing is not None
+    informer.on_event("DELETED", replayed("a", "p"))
+    assert listing.remaining() == 1
+    informer.on_event(None, replayed("b", "q"))
+    assert listing.remaining() == 0
+
+
+def test_a_listing_delivered_out_of_order_is_complete_only_when_the_first_object_arrives() -> None:
+    informer = listed_informer(("a", "p"), ("b", "r"), ("c", "s"))
+    listing = informer.listing
+    assert listing is not None
+    informer.on_event(None, replayed("c", "s"))
+    informer.on_event("MODIFIED", replayed("b", "r", version="2"))
+    assert listing.remaining() == 3  # the cursor waits at a/p
+    informer.on_event(None, replayed("a", "p"))
+    assert listing.remaining() == 0
+
+
+def test_objects_created_after_the_watch_began_are_not_waited_for() -> None:
+    informer = listed_informer(("a", "p"))
+    listing = informer.listing
+    assert listing is not None
+    informer.on_event("ADDED", replayed("a", "new"))
+    informer.on_event("ADDED", replayed("z", "other"))
+    assert listing.remaining() == 1
+    informer.on_event(None, replayed("a", "p"))
+    assert listing.remaining() == 0
+
+
+def test_an_empty_kind_has_nothing_to_wait_for() -> None:
+    listing = listed_informer().listing
+    assert listing is not None
+    assert (listing.total, listing.remaining(), listing.done) == (0, 0, True)
+
+
+def test_each_check_walks_at_most_its_budget() -> None:
+    informer = listed_informer(*(("a", f"p{i}") for i in range(5)))
+    listing = informer.listing
+    assert listing is not None
+    for i in range(5):
+        informer.on_event(None, replayed("a", f"p{i}"))
+    assert listing.remaining(budget=2) == 3
+    assert listing.remaining(budget=2) == 1
+    assert not listing.done
+    assert listing.remaining(budget=2) == 0
+    assert listing.done
