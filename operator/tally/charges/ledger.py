@@ -33,7 +33,8 @@ a release during such lag would lower usage below what exists and admit past the
 charge is held without bound on a question that cannot be answered: one the API refuses (401,
 403) is released at once, one left unanswered (timeouts, 5xx) after
 :data:`~tally.charges.verification.MAX_UNANSWERED` questions in a row, both as *unverified*,
-with a log line naming the object and the error. A CREATE charge whose review carried no uid
+with a log line naming the object and the error (one a minute in full, the rest summed up:
+:class:`UnansweredReport`). A CREATE charge whose review carried no uid
 (the API server always sets one before validating admission: only a forged review lacks it)
 is never asked about, since any object of its name would answer "stored" at every deadline:
 it is released at its deadline, confirmed until then by any object of its name.
@@ -104,6 +105,53 @@ with tally's and stores the object only once the slowest of them answered, so th
 also cover their latency: 5 s leaves 10-20x the measured p99.9 for webhooks that take seconds,
 while a refused request holds its quotas for 5 s instead of until the next full resync
 (minutes)."""
+
+
+REPORT_PERIOD_S: Final = 60.0
+"""Unanswered questions are logged one line per kind per period, beyond the first: under load
+they come by the thousand (a cold start at 150 000 pods, creates at 10/s: 6 652 lines)."""
+
+
+class UnansweredReport:
+    """The log of questions the API left unanswered, per kind of line (``held on``,
+    ``released unverified``): the first of a period in full, the rest counted and summed up,
+    with the last one's words, once the period is over (at the next such line, or at the next
+    :meth:`flush`). Counts are exact in the metrics
+    (``tally_admission_charges_released_total``); the log keeps an example and a rate."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._reported_at: dict[str, float] = {}
+        self._unreported: dict[str, tuple[int, str]] = {}
+        """Kind of line → (lines counted since its last report, the last one)."""
+
+    def warn(self, kind: str, line: str) -> None:
+        now = self._clock()
+        reported_at = self._reported_at.get(kind)
+        if reported_at is not None and now - reported_at < REPORT_PERIOD_S:
+            count, _ = self._unreported.get(kind, (0, ""))
+            self._unreported[kind] = (count + 1, line)
+            return
+        self._summarise(kind)
+        logger.warning("%s", line)
+        self._reported_at[kind] = now
+
+    def flush(self) -> None:
+        """Sum up every kind whose period is over."""
+        now = self._clock()
+        for kind in list(self._unreported):
+            if now - self._reported_at[kind] >= REPORT_PERIOD_S:
+                self._summarise(kind)
+                self._reported_at[kind] = now
+
+    def _summarise(self, kind: str) -> None:
+        unreported = self._unreported.pop(kind, None)
+        if unreported is not None:
+            count, last = unreported
+            logger.warning(
+                "charges: %d more %s since the last such line (at most one line a minute), "
+                "the last: %s", count, kind, last,
+            )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +286,7 @@ class ChargeLedger:
         # recalculation waits for them to end; both drop a key when its last write ends.
         self._writing: dict[QuotaKey, int] = {}
         self._deferred: set[QuotaKey] = set()
+        self._unanswered = UnansweredReport(clock)
 
     # -- reading
 
@@ -489,6 +538,7 @@ class ChargeLedger:
                 self._released[ref] = remaining
             else:
                 self._released.pop(ref, None)
+        self._unanswered.flush()
         if keys:
             self.recalculate(sorted(keys))
         if to_verify and self.verify is not None:
@@ -504,11 +554,12 @@ class ChargeLedger:
             self._released_order.append((now + self.timeout, charge.ref, charge))
 
     def _release_unverified(self, charge: Charge, now: float, error: str) -> None:
-        logger.warning(
-            "charges: could not ask the API whether %s was stored (%s); its charge on %s "
-            "released unverified",
-            _object_of(charge), error, ", ".join("/".join(key) for key in sorted(charge.amounts)),
-        )  # fmt: skip
+        quotas = ", ".join("/".join(key) for key in sorted(charge.amounts))
+        self._unanswered.warn(
+            "charges released unverified",
+            f"charges: could not ask the API whether {_object_of(charge)} was stored ({error}); "
+            f"its charge on {quotas} released unverified",
+        )
         self._release(charge, now, ReleaseReason.UNVERIFIED)
 
     def verified(self, charge: Charge, answer: Answer) -> None:
@@ -534,11 +585,12 @@ class ChargeLedger:
             if verdict is Verdict.UNANSWERED:
                 charge.unanswered += 1
                 if charge.unanswered < MAX_UNANSWERED:
-                    logger.warning(
-                        "charges: could not ask the API whether %s was stored (%s); held on, "
-                        "asked again at its next deadline (%d of %d)",
-                        _object_of(charge), error, charge.unanswered, MAX_UNANSWERED,
-                    )  # fmt: skip
+                    self._unanswered.warn(
+                        "charges held on unanswered",
+                        f"charges: could not ask the API whether {_object_of(charge)} was "
+                        f"stored ({error}); held on, asked again at its next deadline "
+                        f"({charge.unanswered} of {MAX_UNANSWERED})",
+                    )
                     return
             self._remove(seq, charge)
             self._release_unverified(charge, self._clock(), error)

@@ -362,6 +362,45 @@ def test_unanswered_questions_hold_a_charge_three_deadlines_then_release_it(
     assert 1 == h.metrics.late
 
 
+def test_unanswered_questions_by_the_thousand_log_one_line_a_minute_per_kind(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A cold start under load: every charge's question times out. 40 charges, each asked
+    # three times (held on twice, then released), all within one minute.
+    h.verifying()
+    refs = [ObjectRef(PODS, "a", f"p{i}") for i in range(40)]
+    charges = [h.ledger.record(ref, f"u{i}", "", {QA: {"cpu": q("1")}})
+               for i, ref in enumerate(refs)]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="tally.charges.ledger"):
+        for deadline in (105.0, 110.0, 115.0):
+            h.now[0] = deadline
+            h.ledger.expire()
+            for charge in charges:
+                h.ledger.verified(charge, TIMED_OUT)
+        assert ["unverified"] * 40 == h.metrics.released  # every release counted
+        first = [r.getMessage() for r in caplog.records]
+        # The first line of each kind in full, naming its object; the rest held back.
+        assert 2 == len(first), first
+        assert "pods a/p0 was stored" in first[0]
+        assert "held on" in first[0]
+        assert "pods a/p0 was stored" in first[1]
+        assert "released unverified" in first[1]
+        # A minute after the later first line (115 s): the rest summed up at the next expiry.
+        h.now[0] = 115.0 + 60.0
+        h.ledger.record(REF, "u-next", "", {QA: {"cpu": q("1")}})
+        h.ledger.expire()
+    summaries = [r.getMessage() for r in caplog.records][2:]
+    assert 2 == len(summaries), summaries
+    (held,) = [line for line in summaries if "held on" in line]
+    (released,) = [line for line in summaries if "released unverified" in line]
+    # 40 charges, 2 held-on lines each, one in full: 79 more; 40 releases, one in full: 39 more.
+    assert held.startswith("charges: 79 more charges held on unanswered since the last")
+    assert "pods a/p39 was stored" in held
+    assert "(2 of 3)" in held
+    assert released.startswith("charges: 39 more charges released unverified since the last")
+    assert "pods a/p39 was stored" in released
+
+
 def test_a_stored_answer_between_unanswered_ones_starts_the_count_again(h: Harness) -> None:
     asked = h.verifying()
     charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
