@@ -39,7 +39,7 @@ from tally.charges.ledger import (
     Verify,
     hold_pending,
 )
-from tally.charges.verification import Answer, Listed, ObjectVersion, Unanswered
+from tally.charges.verification import Answer, Listed, ObjectVersion, Unanswered, Unasked
 
 __all__ = [
     "Answer",
@@ -54,6 +54,7 @@ __all__ = [
     "RecentKeys",
     "ReleaseReason",
     "Unanswered",
+    "Unasked",
     "Verify",
     "hold_pending",
 ]

@@ -27,8 +27,10 @@ as it is seen and the operator learns that the timeout is too short.
 
 With a ``verify`` function (the operator sets one), the API is asked first whether the object
 was stored (:mod:`tally.charges.verification`): if it was, the caches are only behind (a
-loaded tally sees events seconds late) and the charge is held on, asked about again one
-timeout later; a charge whose object was never stored (or is gone) is released. Without that,
+loaded tally sees events seconds late) and the charge is held on, asked about again after a
+wait that doubles with each such answer (a stored object only needs the caches to catch up);
+a charge whose object was never stored (or is gone) is released. A question tally could not
+even send (its own questions held every slot) counts for nothing either way. Without that,
 a release during such lag would lower usage below what exists and admit past the limit. No
 charge is held without bound on a question that cannot be answered: one the API refuses (401,
 403) is released at once, one left unanswered (timeouts, 5xx) after
@@ -85,6 +87,7 @@ from tally.charges.verification import (
     Verdict,
     decide,
     describe_unanswered,
+    stored_wait,
 )
 from tally.evaluators.base import GroupResource
 from tally.quota import resources as quota
@@ -196,6 +199,11 @@ class Charge:
     """A question about it is out to the API (one at a time); only its answer counts."""
     unanswered: int = 0
     """Questions about it in a row that got no answer (reset by a "stored" answer)."""
+    stored: int = 0
+    """"Stored" answers about it in a row (reset by an unanswered question)."""
+    ask_after: float = 0.0
+    """No question about it before this time (monotonic): a stored object waits for the
+    caches (:func:`~tally.charges.verification.stored_wait`)."""
 
     @property
     def verifiable(self) -> bool:
@@ -526,10 +534,13 @@ class ChargeLedger:
                 continue
             # The caches may only be slow (a loaded tally sees events seconds late):
             # releasing now would lower usage below what exists. Held one more timeout
-            # while the API is asked (re-added last: deadline order holds).
+            # while the API is asked (re-added last: deadline order holds); a charge the
+            # API said was stored is held without asking until its wait is over.
             charge.deadline = now + self.timeout
-            charge.asking = True
             self._add(charge)
+            if now < charge.ask_after:
+                continue
+            charge.asking = True
             to_verify.append(charge)
         while self._released_order and self._released_order[0][0] <= now:
             _, ref, charge = self._released_order.popleft()
@@ -578,7 +589,12 @@ class ChargeLedger:
             # The bound is on questions unanswered in a row: this answer says the object
             # exists, so holding on is right and the count starts again.
             charge.unanswered = 0
+            charge.stored += 1
+            charge.ask_after = self._clock() + stored_wait(charge.stored, self.timeout)
             return
+        if verdict is Verdict.UNASKED:
+            return  # held on, asked again at its next deadline: the API was not asked
+        charge.stored = 0
         if verdict is not Verdict.NOT_STORED and isinstance(answer, Unanswered):
             resource = str(charge.ref.group_resource) if charge.ref is not None else ""
             error = describe_unanswered(resource, answer)

@@ -28,10 +28,13 @@ MAX_UNANSWERED: Final = 3
 
 Each question has a whole confirmation timeout to answer (the adapter gives up at it), and the
 next one is asked at the charge's next deadline, so with the default 5 s a charge is held at
-most three timeouts (15 s) past its first deadline. That rides out what usually makes the API
-fail for a moment (an API server restarting behind its load balancer, an etcd leader election,
-priority and fairness shedding a burst: seconds), while a charge for a create another webhook
-refused holds its quotas for seconds instead of the 5-minute resync. Releasing a charge whose
+most three timeouts (15 s) past its first deadline, plus the deadlines whose question tally
+could not even send (:class:`Unasked`: its own questions held every slot, which says nothing
+of the API; each question that holds a slot ends within its time, so the backlog moves on).
+That rides out what usually makes the API fail for a moment (an API server restarting behind
+its load balancer, an etcd leader election, priority and fairness shedding a burst: seconds),
+while a charge for a create another webhook refused holds its quotas for seconds instead of
+the 5-minute resync. Releasing a charge whose
 object was stored after all costs less than holding one forever: the object, when the caches
 see it, is counted late (``tally_admission_charges_late_total``) and its quotas are
 recalculated at once."""
@@ -70,7 +73,33 @@ class Unanswered:
     """What went wrong, for the log."""
 
 
-Answer = Listed | Unanswered
+@dataclass(frozen=True, slots=True)
+class Unasked:
+    """The question was never sent: tally's own questions in flight held every slot for the
+    whole time it had. Says nothing of the API, so it is no strike against the charge."""
+
+    reason: str
+
+
+Answer = Listed | Unanswered | Unasked
+
+STORED_WAIT_CAP: Final = 8
+"""After a "stored" answer the next question about the charge waits ``timeout * 2**k`` (k:
+stored answers in a row), at most this many timeouts.
+
+A stored object is real: the charge is right to hold until the caches show it, and asking
+again only guards against its deletion before they do (then the charge would hold usage until
+asked again). Asking at every deadline cost one LIST per pending charge every timeout while the
+caches lagged: at a cold start of 150 000 pods, with the caches minutes behind, thousands of
+questions whose slots ran out and whose charges were then released unverified. With the
+default 5 s timeout a stored object is asked about again after 10, 20, 40, 40, … s."""
+
+
+def stored_wait(stored_answers: int, timeout: float) -> float:
+    """How long after its ``stored_answers``-th stored answer in a row (≥ 1) a charge is
+    asked about again."""
+    factor: int = min(2**stored_answers, STORED_WAIT_CAP)
+    return timeout * factor
 
 
 class Verdict(enum.Enum):
@@ -86,12 +115,17 @@ class Verdict(enum.Enum):
     UNANSWERED = "unanswered"
     """No answer this time: asked again at the next deadline, released as unverified after
     :data:`MAX_UNANSWERED` in a row."""
+    UNASKED = "unasked"
+    """The question was never sent (:class:`Unasked`): asked again at the next deadline, and
+    not counted among the unanswered ones."""
 
 
 def decide(uid: str, replaces: str, answer: Answer) -> Verdict:
     """What ``answer`` means for a charge of the object with ``uid`` ("": the review carried
     none) written by a CREATE (``replaces`` "") or by an UPDATE of the object at resourceVersion
     ``replaces``."""
+    if isinstance(answer, Unasked):
+        return Verdict.UNASKED
     if isinstance(answer, Unanswered):
         if answer.status in FORBIDDEN_STATUSES:
             return Verdict.FORBIDDEN

@@ -21,7 +21,8 @@ once.
 **Each question ends** within :data:`ANSWER_SHARE` of the confirmation timeout, the wait for
 one of the concurrency slots included: the ledger asks again at the charge's next deadline, one
 timeout after the question, so an answer later than that is of no use, and the rest of the
-timeout is a margin for a busy event loop.
+timeout is a margin for a busy event loop. A question that got no slot in that time was never
+sent (:class:`~tally.charges.verification.Unasked`): no strike against its charge.
 
 Owns the request, its time limit and concurrency, and reading the cache's entry for the name
 when the answer comes (which tells a superseded update from one the caches have not reached);
@@ -36,7 +37,15 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from tally.charges import Answer, Charge, Listed, ObjectRef, ObjectVersion, Unanswered
+from tally.charges import (
+    Answer,
+    Charge,
+    Listed,
+    ObjectRef,
+    ObjectVersion,
+    Unanswered,
+    Unasked,
+)
 from tally.evaluators.base import GroupResource
 from tally.kube import rest
 from tally.machinery.cache import Store
@@ -71,6 +80,7 @@ class KubeChargeVerifier:
         self._within = timeout * ANSWER_SHARE
         self._version_of = version_of
         self._stores = stores
+        self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -103,8 +113,17 @@ class KubeChargeVerifier:
             return Listed(None)
         path = rest.collection_path(gr.group, version, gr.resource, ref.namespace)
         query = [("fieldSelector", f"metadata.name={escape_field_value(ref.name)}")]
+        deadline = asyncio.get_running_loop().time() + self._within
         try:
-            async with asyncio.timeout(self._within), self._slots:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            # tally's own backlog, not the API's: no strike against the charge.
+            return Unasked(
+                f"no slot within {self._within:g} s: {self._concurrency} question(s) in flight"
+            )
+        try:
+            async with asyncio.timeout_at(deadline):
                 page = await rest.get_json(self._api, path, query, accept=rest.METADATA_LIST)
         except client.ApiException as error:
             return Unanswered(error.status, str(error.reason or ""))
@@ -112,6 +131,8 @@ class KubeChargeVerifier:
             return Unanswered(None, f"no answer within {self._within:g} s")
         except Exception as error:  # a connection error, an answer that is not JSON
             return Unanswered(None, f"{type(error).__name__}: {error}")
+        finally:
+            self._slots.release()
         return Listed(stored_version(page, ref.name), self._cached(ref))
 
     def _cached(self, ref: ObjectRef) -> ObjectVersion | None:

@@ -22,6 +22,7 @@ from tally.charges import (
     ObjectRef,
     ObjectVersion,
     Unanswered,
+    Unasked,
 )
 from tally.charges.verification import (
     MAX_UNANSWERED,
@@ -263,10 +264,15 @@ def test_an_expired_charge_is_held_while_the_api_is_asked(h: Harness) -> None:
     assert [[charge]] == asked
     assert {"cpu": q("1")} == h.ledger.held(QA)
     assert ["unconfirmed"] == h.metrics.released
-    # Stored: held on; asked again one timeout later.
+    # Stored: held on; asked again two timeouts later (the object exists: the caches only need
+    # to catch up), not at the next deadline.
     h.ledger.verified(charge, STORED)
     assert {"cpu": q("1")} == h.ledger.held(QA)
-    h.advance(TIMEOUT)
+    h.advance(TIMEOUT)  # 110
+    h.ledger.expire()
+    assert [[charge]] == asked
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    h.advance(TIMEOUT)  # 115
     h.ledger.expire()
     assert [[charge], [charge]] == asked
     # Not stored (or gone): released at once, its quota recalculated.
@@ -404,21 +410,67 @@ def test_unanswered_questions_by_the_thousand_log_one_line_a_minute_per_kind(
 def test_a_stored_answer_between_unanswered_ones_starts_the_count_again(h: Harness) -> None:
     asked = h.verifying()
     charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
-    # Deadlines every 5 s from 105: two unanswered, one stored, two unanswered.
-    for i, answer in enumerate([TIMED_OUT, TIMED_OUT, STORED, TIMED_OUT, TIMED_OUT]):
-        h.now[0] = 105.0 + 5 * i
+    # Deadlines every 5 s from 105: two unanswered, then stored at 115 (the next question waits
+    # 10 s: none at 120), then two unanswered at 125 and 130.
+    for at, answer in [(105.0, TIMED_OUT), (110.0, TIMED_OUT), (115.0, STORED), (120.0, None),
+                       (125.0, TIMED_OUT), (130.0, TIMED_OUT)]:  # fmt: skip
+        h.now[0] = at
         assert [] == h.ledger.expire()
-        h.ledger.verified(charge, answer)
+        if answer is not None:
+            h.ledger.verified(charge, answer)
+    assert 5 == len(asked)
     # Two unanswered in a row since the stored answer: held, and the stored answer released
     # nothing either.
     assert {"cpu": q("1")} == h.ledger.held(QA)
     assert ([], []) == (h.recalculated, h.metrics.released)
-    # 130: the third in a row.
-    h.now[0] = 130.0
+    # 135: the third in a row.
+    h.now[0] = 135.0
     h.ledger.expire()
     h.ledger.verified(charge, TIMED_OUT)
     assert 6 == len(asked)
     assert [[QA]] == h.recalculated
+    assert ["unverified"] == h.metrics.released
+
+
+def test_a_stored_object_is_asked_about_ever_more_seldom_until_the_caches_show_it(
+    h: Harness,
+) -> None:
+    # The caches minutes behind (a cold start at scale): each stored answer doubles the wait
+    # before the next question, up to 8 timeouts (40 s).
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    asked_at: list[float] = []
+    for _ in range(40):  # every deadline, 105 to 300
+        h.advance(TIMEOUT)
+        before = len(asked)
+        h.ledger.expire()
+        if len(asked) > before:
+            asked_at.append(h.now[0])
+            h.ledger.verified(charge, STORED)
+    # Waits after each stored answer: 10, 20, 40, 40, 40 s.
+    assert [105.0, 115.0, 135.0, 175.0, 215.0, 255.0, 295.0] == asked_at
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert [] == h.metrics.released
+    h.ledger.observed(REF, "u1", "7")  # the caches caught up
+    assert 0 == len(h.ledger)
+
+
+def test_a_question_never_sent_is_no_strike(h: Harness) -> None:
+    asked = h.verifying()
+    charge = h.ledger.record(REF, "u1", "", {QA: {"cpu": q("1")}})
+    # Ten deadlines whose questions found every slot taken: held all along, never released.
+    for _ in range(10):
+        h.advance(TIMEOUT)
+        h.ledger.expire()
+        h.ledger.verified(charge, Unasked("no slot within 4 s (10 questions in flight)"))
+    assert 10 == len(asked)
+    assert {"cpu": q("1")} == h.ledger.held(QA)
+    assert ([], []) == (h.recalculated, h.metrics.released)
+    # Then three unanswered in a row release it, as without them.
+    for _ in range(3):
+        h.advance(TIMEOUT)
+        h.ledger.expire()
+        h.ledger.verified(charge, TIMED_OUT)
     assert ["unverified"] == h.metrics.released
 
 
@@ -557,6 +609,7 @@ def test_one_create_charge_per_incarnation_is_not_a_duplicate(h: Harness) -> Non
         pytest.param("u1", "", Unanswered(404, "Not Found"), Verdict.NOT_STORED,
                      id="404: the kind is no longer served"),
         pytest.param("u1", "", TIMED_OUT, Verdict.UNANSWERED, id="timeout"),
+        pytest.param("u1", "", Unasked("no slot"), Verdict.UNASKED, id="never sent"),
         pytest.param("u1", "41", Unanswered(500, "Internal Server Error"), Verdict.UNANSWERED,
                      id="500"),
         pytest.param("u1", "", Unanswered(429, "Too Many Requests"), Verdict.UNANSWERED,

@@ -26,6 +26,7 @@ from tally.charges import (
     ObjectRef,
     ObjectVersion,
     Unanswered,
+    Unasked,
 )
 from tally.evaluators.base import GroupResource
 from tally.kube import rest
@@ -157,6 +158,42 @@ async def test_every_failure_is_an_answer(
 ) -> None:
     use(monkeypatch, FakeGet(raised))
     assert answer == await verifier.ask(ObjectRef(PODS, "a", "p"))
+
+
+class HangingGet(FakeGet):
+    """A question the API server never answers."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        await super().__call__(*args, **kwargs)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_question_without_a_slot_in_its_time_was_never_sent(
+    stores: dict[GroupResource, Store[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    get = use(monkeypatch, HangingGet())
+    api = client.ApiClient()
+    # One slot; a timeout of 0.05 s gives each question 0.04 s.
+    verifier = KubeChargeVerifier(api, timeout=0.05, version_of=versions, stores=stores,
+                                  concurrency=1)  # fmt: skip
+    try:
+        sent, unsent = await asyncio.gather(
+            verifier.ask(ObjectRef(PODS, "a", "p")), verifier.ask(ObjectRef(PODS, "a", "q"))
+        )
+        # The first held the slot and got no answer; the second never reached the API.
+        assert Unanswered(None, "no answer within 0.04 s") == sent
+        assert Unasked("no slot within 0.04 s: 1 question(s) in flight") == unsent
+        assert 1 == len(get.calls)
+        # The slot is free again once the question that held it gave up.
+        monkeypatch.setattr(rest, "get_json", FakeGet({"items": []}))
+        assert Listed(None) == await verifier.ask(ObjectRef(PODS, "a", "r"))
+    finally:
+        await verifier.stop()
+        await api.close()
 
 
 class Answers:
