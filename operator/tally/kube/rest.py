@@ -393,15 +393,30 @@ async def list_pages(
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Every object of a kind in all namespaces (or one), one LIST page at a time: a LIST of
     10 000 pods in one response, or all pages held at once, would hold the API server's and
-    our memory for all of them."""
+    our memory for all of them.
+
+    The next page is asked for before this one is handed over: the API server reads and
+    encodes it while the caller decodes and stores this one, instead of each waiting for the
+    other (at 150 000 pods, 300 pages in a row on the start-up's critical path). At most two
+    pages are held at once; the request still out is cancelled if the caller stops early."""
     path = collection_path(group, version, plural, namespace)
-    token = ""
-    while True:
+
+    def ask(token: str) -> asyncio.Task[dict[str, Any]]:
         query = [("limit", str(page_size))]
         if token:
             query.append(("continue", token))
-        page = await get_json(api, path, query)
-        yield list(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue") or ""
-        if not token:
-            return
+        return asyncio.ensure_future(get_json(api, path, query))
+
+    following: asyncio.Task[dict[str, Any]] | None = ask("")
+    try:
+        while following is not None:
+            page = await following
+            token = (page.get("metadata") or {}).get("continue") or ""
+            following = ask(token) if token else None
+            yield list(page.get("items") or [])
+    finally:
+        if following is not None:
+            following.cancel()
+            await asyncio.wait([following])  # raises only this task's own cancellation
+            if not following.cancelled():
+                following.exception()  # a page nobody wants: its failure is no error
