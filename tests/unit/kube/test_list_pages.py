@@ -4,6 +4,7 @@ handles this one, and whose request still out is cancelled when the caller stops
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,12 +37,18 @@ class Pages:
                 "items": [{"metadata": {"name": f"page{token or '1'}"}}]}  # fmt: skip
 
 
+def listing(monkeypatch: pytest.MonkeyPatch) -> tuple[Pages, AsyncIterator[list[Any]]]:
+    """The pods of namespace "a", two a page, from :class:`Pages`."""
+    pages = Pages()
+    monkeypatch.setattr(rest, "get_json", pages)
+    api: Any = object()  # never used: every request goes to Pages
+    return pages, rest.list_pages(api, "", "v1", "pods", namespace="a", page_size=2)
+
+
 async def test_the_next_page_is_asked_for_before_this_one_is_handed_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pages = Pages()
-    monkeypatch.setattr(rest, "get_json", pages)
-    listed = rest.list_pages(object(), "", "v1", "pods", namespace="a", page_size=2)  # type: ignore[arg-type]
+    pages, listed = listing(monkeypatch)
     for event in pages.release.values():
         event.set()
     first = await anext(listed)
@@ -57,12 +64,10 @@ async def test_the_next_page_is_asked_for_before_this_one_is_handed_over(
 async def test_a_caller_that_stops_early_cancels_the_request_still_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pages = Pages()
-    monkeypatch.setattr(rest, "get_json", pages)
-    listed = rest.list_pages(object(), "", "v1", "pods", namespace="a", page_size=2)  # type: ignore[arg-type]
+    pages, listed = listing(monkeypatch)
     pages.release[""].set()
     await anext(listed)
     await asyncio.sleep(0)
     assert 2 == len(pages.asked)  # page 2 is out, not answered
-    await listed.aclose()
+    await listed.aclose()  # type: ignore[attr-defined]
     assert ["2"] == pages.cancelled
