@@ -660,7 +660,7 @@ async def run_operator(
         result.relists = len(
             re.findall(r"re-list reconciled", tally.log.read_text(errors="replace"))
         )
-        result.syncs = _syncs(tally)
+        result.syncs = _syncs(tally) or "? (/metrics did not answer)"
         result.syncs_in_startup = startup_syncs(
             result.syncs, result.syncs_in_startup, result.lease_s, result.settled_s
         )
@@ -671,10 +671,20 @@ async def run_operator(
         await api.close()
 
 
-def _syncs(tally: Tally) -> str:
-    count = tally.metric("tally_resourcequota_sync_duration_seconds_count")
-    total = float(tally.metric("tally_resourcequota_sync_duration_seconds_sum") or 0)
-    return f"{count} syncs, {total:.2f} s in total"
+def _syncs(tally: Tally) -> str | None:
+    return syncs_reading(
+        tally.metric("tally_resourcequota_sync_duration_seconds_count"),
+        tally.metric("tally_resourcequota_sync_duration_seconds_sum"),
+    )
+
+
+def syncs_reading(count: str, total: str) -> str | None:
+    """The quota syncs as read from tally's metrics; None when they could not be read (``?``:
+    ``/metrics`` did not answer, as a busy start-up's loop may not within the read's time)."""
+    try:
+        return f"{float(count):.0f} syncs, {float(total):.2f} s in total"
+    except ValueError:
+        return None
 
 
 async def measure_takeover(raw: Raw, leader: Tally, data: Input) -> Takeover:
@@ -758,7 +768,9 @@ async def _observe_startup(
             and now - syncs_read_at >= SYNCS_READ_S
         ):
             syncs_read_at = now
-            result.syncs_in_startup = await asyncio.to_thread(_syncs, tally)
+            reading = await asyncio.to_thread(_syncs, tally)
+            if reading is not None:
+                result.syncs_in_startup = reading
         if result.cluster_quota_s is None:
             with contextlib.suppress(client.ApiException):
                 path = f"{CLUSTER_QUOTAS_PATH}/{scale_startup.CLUSTER_QUOTA}"

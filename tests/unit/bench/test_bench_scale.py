@@ -108,3 +108,11 @@ def test_the_series_counts_the_start_ups_syncs_where_the_run_has_them() -> None:
     assert scale_series.row_of(document, "abc")["syncs_per_quota"] == pytest.approx(1.0131)
     del document["tally"]["syncs_in_startup"]  # type: ignore[attr-defined]
     assert scale_series.row_of(document, "abc")["syncs_per_quota"] == pytest.approx(2.0131)
+
+
+def test_a_sync_count_that_could_not_be_read_is_no_reading() -> None:
+    # "?": /metrics did not answer within the read's time (a start-up's busy loop); the run
+    # keeps its last reading instead of stopping.
+    assert scale.syncs_reading("20131.0", "815.58") == "20131 syncs, 815.58 s in total"
+    assert scale.syncs_reading("?", "?") is None
+    assert scale.syncs_reading("10", "") is None
