@@ -577,16 +577,20 @@ class Tally(operator_process.TallyProcess):
         except OSError:
             return False
 
-    def metric(self, prefix: str) -> str:
+    def metrics(self, *prefixes: str) -> list[str]:
+        """The values of the samples whose names start with each prefix, from one read of
+        ``/metrics`` (a busy start-up's loop answers slowly: one read, not one per prefix);
+        ``?`` for each when it did not answer."""
         with (
             contextlib.suppress(OSError),
             urllib.request.urlopen(self.metrics_url, timeout=5) as response,
         ):
-            text = response.read().decode()
-            return " ".join(
-                line.split()[-1] for line in text.splitlines() if line.startswith(prefix)
-            )
-        return "?"
+            lines = response.read().decode().splitlines()
+            return [
+                " ".join(line.split()[-1] for line in lines if line.startswith(prefix))
+                for prefix in prefixes
+            ]
+        return ["?" for _ in prefixes]
 
 
 async def run_operator(
@@ -673,8 +677,10 @@ async def run_operator(
 
 def _syncs(tally: Tally) -> str | None:
     return syncs_reading(
-        tally.metric("tally_resourcequota_sync_duration_seconds_count"),
-        tally.metric("tally_resourcequota_sync_duration_seconds_sum"),
+        *tally.metrics(
+            "tally_resourcequota_sync_duration_seconds_count",
+            "tally_resourcequota_sync_duration_seconds_sum",
+        )
     )
 
 

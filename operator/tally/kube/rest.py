@@ -405,7 +405,7 @@ async def list_pages(
         query = [("limit", str(page_size))]
         if token:
             query.append(("continue", token))
-        return asyncio.ensure_future(get_json(api, path, query))
+        return asyncio.create_task(get_json(api, path, query))
 
     following: asyncio.Task[dict[str, Any]] | None = ask("")
     try:
