@@ -46,8 +46,8 @@ from tally.quota.quantity import ZERO
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
-    Periodic,
     RateLimitingQueue,
+    SpreadResync,
     WorkerPool,
     default_controller_rate_limiter,
 )
@@ -254,9 +254,10 @@ class AppliedQuotaController:
         )  # fmt: skip
         self._busy: set[str] = set()
         """Keys being synced: one key is never synced by both pools at once."""
-        self._resync = Periodic(
-            self.enqueue_all, resync_period, name="appliedclusterquota-resync", logger=logger
-        )
+        self._resync = SpreadResync(
+            self.resync_keys, self.queue.add, resync_period, name="appliedclusterquota-resync",
+            logger=logger,
+        )  # fmt: skip
 
     # -- event handlers: work out keys, enqueue
 
@@ -318,13 +319,19 @@ class AppliedQuotaController:
         else:
             self._enqueue(key, background=True)
 
-    def enqueue_all(self) -> None:
+    def resync_keys(self) -> list[str]:
+        """Every applied object there is or should be, sorted: the full resync hands them out
+        in this order, spread over its period, so each comes at the same point of every
+        round."""
         keys = {_key(ns, name) for ns, name in self._applied_keys()}
         namespaces = list(self.namespaces.names_in(""))
         for cq in self.cluster_quotas.in_namespace(""):
             name = cluster.name_of(cq)
             keys.update(_key(ns, name) for ns in namespaces if self.selects(cq, ns))
-        for key in keys:
+        return sorted(keys)
+
+    def enqueue_all(self) -> None:
+        for key in self.resync_keys():
             self.queue.add(key)
 
     def _applied_keys(self) -> list[tuple[str, str]]:

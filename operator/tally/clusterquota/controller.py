@@ -55,8 +55,8 @@ from tally.quota.quantity import Quantity
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
-    Periodic,
     RateLimitingQueue,
+    SpreadResync,
     WorkerPool,
     default_controller_rate_limiter,
 )
@@ -161,9 +161,10 @@ class ClusterQuotaController:
         self._pool = WorkerPool(
             self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
         )
-        self._resync = Periodic(
-            self.enqueue_all, resync_period, name="clusterquota-resync", logger=logger
-        )
+        self._resync = SpreadResync(
+            self.resync_keys, self.queue.add, resync_period, name="clusterquota-resync",
+            logger=logger,
+        )  # fmt: skip
         # Parsed selectors by ClusterQuota name, with the resourceVersion they were parsed at.
         # Entries leave with their ClusterQuota.
         self._selectors: dict[str, tuple[str, LabelSelector | None]] = {}
@@ -274,9 +275,13 @@ class ClusterQuotaController:
             if evaluator.matching_resources(names):
                 self.queue.add(cluster.name_of(cq))
 
+    def resync_keys(self) -> list[str]:
+        """Every ClusterQuota, in the order the full resync hands them out."""
+        return [cluster.name_of(cq) for cq in self._all()]
+
     def enqueue_all(self) -> None:
-        for cq in self._all():
-            self.queue.add(cluster.name_of(cq))
+        for name in self.resync_keys():
+            self.queue.add(name)
 
     # -- sync
 

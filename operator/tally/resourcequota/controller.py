@@ -52,8 +52,8 @@ from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
-    Periodic,
     RateLimitingQueue,
+    SpreadResync,
     WorkerPool,
     default_controller_rate_limiter,
 )
@@ -185,9 +185,10 @@ class ResourceQuotaController:
                 expected=(Conflict,),
             ),
         ]
-        self._resync = Periodic(
-            self.enqueue_all, resync_period, name="resourcequota-resync", logger=logger
-        )
+        self._resync = SpreadResync(
+            self.resync_keys, self._enqueue, resync_period, name="resourcequota-resync",
+            logger=logger,
+        )  # fmt: skip
 
     # -- event handlers: work out keys, enqueue, nothing else
 
@@ -287,11 +288,19 @@ class ResourceQuotaController:
                 ):
                     self._enqueue(quota_key(quota_obj))
 
+    def resync_keys(self) -> list[QuotaKey]:
+        """Every quota, in the order the full resync hands them out (spread over its period:
+        :class:`~tally.workqueue.SpreadResync`)."""
+        return [
+            quota_key(quota_obj)
+            for namespace in self.quotas.namespaces()
+            for quota_obj in self.quotas.in_namespace(namespace)
+        ]
+
     def enqueue_all(self) -> None:
-        """The full resync: every quota goes through the primary queue."""
-        for namespace in self.quotas.namespaces():
-            for quota_obj in self.quotas.in_namespace(namespace):
-                self._enqueue(quota_key(quota_obj))
+        """Every quota through the primary queue at once."""
+        for key in self.resync_keys():
+            self._enqueue(key)
 
     # -- sync
 

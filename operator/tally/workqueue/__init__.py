@@ -20,7 +20,8 @@ One concern per module, each building on the one before, as the client-go interf
 * ``rate_limiting``: :class:`RateLimitingQueue` adds ``add_rate_limited``, ``forget`` and
   ``num_requeues``;
 * ``metrics``: client-go-style queue metrics, a no-op default and a Prometheus provider;
-* ``runner``: :class:`WorkerPool`, the sample-controller worker loop as guarded tasks.
+* ``runner``: :class:`WorkerPool`, the sample-controller worker loop as guarded tasks;
+* ``resync``: :class:`SpreadResync`, a controller's full resync spread over its period.
 
 This module only re-exports the names controllers use. Inside the package, modules import
 each other as modules and use qualified names; this file is the one exception.
@@ -39,8 +40,9 @@ from tally.workqueue.limiters import (
 from tally.workqueue.metrics import MetricsProvider, NoopMetricsProvider, PrometheusMetricsProvider
 from tally.workqueue.queue import Queue, ShutDown
 from tally.workqueue.rate_limiting import RateLimitingQueue
+from tally.workqueue.resync import SpreadResync
 from tally.workqueue.runner import DEFAULT_STOP_TIMEOUT, WorkerPool
-from tally.workqueue.tasks import Periodic, start_watched
+from tally.workqueue.tasks import start_watched
 from tally.workqueue.tokenbucket import TokenBucket
 
 __all__ = [
@@ -54,13 +56,13 @@ __all__ = [
     "MaxOfRateLimiter",
     "MetricsProvider",
     "NoopMetricsProvider",
-    "Periodic",
     "PrometheusMetricsProvider",
     "Queue",
     "RateLimiter",
     "RateLimitingQueue",
     "RealClock",
     "ShutDown",
+    "SpreadResync",
     "TokenBucket",
     "WorkerPool",
     "default_controller_rate_limiter",

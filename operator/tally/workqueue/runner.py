@@ -198,5 +198,11 @@ class WorkerPool(Generic[T]):
             )
 
     async def _run_worker(self) -> None:
-        while await self.process_next_work_item():
-            pass
+        while True:
+            if not await self.process_next_work_item():
+                return
+            # A sync that writes nothing never suspends, and ``get`` on a non-empty queue
+            # returns at once: without this, one worker would run a whole queue of such syncs
+            # (a resync of every quota) in one turn of the loop, and the webhook's reviews,
+            # the watches and the probes on the same loop would wait for all of it.
+            await asyncio.sleep(0)

@@ -82,38 +82,6 @@ def start_watched(
     return task
 
 
-UNEXPECTED_END = "task %(task)s ended unexpectedly: %(error)r"
-"""What :class:`Periodic` logs (CRITICAL) if its loop ends before :meth:`Periodic.stop`."""
-
-
-class Periodic:
-    """Calls ``fn`` every ``period`` seconds, from :meth:`start` until :meth:`stop`, in a
-    watched task: a controller's full resync (upstream's ``resyncMonitors``/``enqueueAll``
-    ticker)."""
-
-    def __init__(self, fn: Callable[[], None], period: float, *, name: str, logger: Logger) -> None:
-        self.fn = fn
-        self.period = period
-        self.name = name
-        self._logger = logger
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = start_watched(
-            self._run(), name=self.name, logger=self._logger, died=UNEXPECTED_END,
-            ended=UNEXPECTED_END,
-        )  # fmt: skip
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.period)
-            self.fn()
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel ``task`` (nothing when None) and wait until it has ended; its cancellation is
     not re-raised here, so that the caller's stop goes on. A task that already died re-raises

@@ -137,6 +137,30 @@ async def test_workers_run_in_parallel_and_stop_with_drain(
     assert [] == caplog.records
 
 
+# A queue of syncs that never suspend (a resync of quotas whose usage has not changed) must not
+# hold the event loop for the whole queue: other coroutines (the webhook's reviews) get turns.
+async def test_a_worker_lets_the_loop_run_between_syncs_that_never_suspend() -> None:
+    q = _queue(clocks.FakeClock())
+    order: list[str] = []
+
+    async def sync(key: str) -> None:
+        order.append(key)
+
+    async def review() -> None:
+        order.append("review")
+
+    for index in range(100):
+        q.add(f"quota-{index}")
+    pool = runner.WorkerPool(q, sync, workers=1)
+    pool.start()
+    other = asyncio.create_task(review())
+    await asyncio.wait_for(other, 1)
+    await _yield(200)
+    assert 101 == len(order)
+    assert order.index("review") <= 2, f"the review waited for {order.index('review')} syncs"
+    await pool.stop(grace_period=1)
+
+
 # Kopf aiotasks.stop: workers that outlive the grace period are cancelled, with a warning.
 async def test_stop_cancels_workers_that_hang(caplog: pytest.LogCaptureFixture) -> None:
     q = _queue(clocks.FakeClock())

@@ -140,20 +140,6 @@ async def test_a_stop_flag_set_later_is_read_when_the_task_ends(
     assert [] == [r.getMessage() for r in caplog.records if r.name == LOGGER.name]
 
 
-async def test_periodic_calls_until_stopped() -> None:
-    calls: list[float] = []
-    periodic = tasks.Periodic(
-        lambda: calls.append(0.0), 0.01, name="resync", logger=logging.getLogger("t")
-    )
-    periodic.start()
-    await asyncio.sleep(0.1)
-    await periodic.stop()
-    counted = len(calls)
-    assert counted >= 2
-    await asyncio.sleep(0.05)
-    assert counted == len(calls)  # nothing after stop
-
-
 async def test_cancel_and_wait_ends_a_running_task_without_raising() -> None:
     await tasks.cancel_and_wait(None)
     task = asyncio.create_task(_runs_until_cancelled())
