@@ -95,6 +95,14 @@ class Leading:
         )
         self.elector.start()
 
+    @property
+    def led_elsewhere(self) -> bool:
+        """Whether the Lease was last seen held by another replica (a follower, for now)."""
+        if self.elector is None:
+            return False
+        holder = self.elector.state.observed_record.holder_identity
+        return bool(holder) and holder != self.identity
+
     def begin(self) -> None:
         """Start everything that must run once in the cluster."""
         self.leading = True

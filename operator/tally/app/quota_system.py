@@ -243,6 +243,15 @@ class QuotaSystem:
             *([self.applied_controller] if self._applied_quotas else []),
         ]
 
+    def unfinished_syncs(self) -> int:
+        """Quotas and ClusterQuotas queued or being synced by the controllers that run (not
+        the applied view's, whose writes are paced on purpose)."""
+        return sum(
+            controller.unfinished()
+            for controller in self.controllers()
+            if not isinstance(controller, AppliedQuotaController)
+        )
+
     def _wire_handlers(self) -> None:
         informers = self.caches.informers
         informers[RESOURCE_QUOTAS].add_handler(

@@ -77,6 +77,15 @@ API server unreachable each of those would wait for its request's own timeout (a
 a pod would be killed at the end of its termination grace (30 s, 5 of them the preStop sleep)
 still holding its Lease."""
 
+FIRST_PASS_LIMIT_S: Final = 60.0
+"""The longest the leader's first pass holds Kopf's watches back (:meth:`Runtime._first_pass`):
+at 150 000 pods and 10 000 quotas the pass is expected in well under that, and meanwhile the
+caches stand still."""
+FIRST_PASS_LEAD_WAIT_S: Final = 5.0
+"""How long a replica waits to lead, unless it sees another holder first, before it lets Kopf's
+watches begin (a cold start acquires a free Lease in milliseconds)."""
+FIRST_PASS_POLL_S: Final = 0.1
+
 
 def _keep_whole(obj: Any) -> Any:
     """Quotas are few and small; the controller and admission need spec and status as read."""
@@ -202,6 +211,8 @@ class Runtime:
             on_lost=on_leadership_lost,
         )
         self._metrics_runner: web.AppRunner | None = None
+        self._first_pass_left: int | None = None
+        """Syncs left in the leader's first pass (:meth:`_first_pass`), None outside it."""
         self.readiness = Readiness(
             max_lag=settings.readiness_max_loop_lag,
             window=settings.readiness_window,
@@ -247,12 +258,6 @@ class Runtime:
             await self.readiness_endpoint.stop()
             await self._stop_metrics()
             raise
-        # Kopf's watches start after this handler, each with a listing of its own: what was
-        # deleted between these LISTs and those is reported by neither. One re-list of every
-        # kind, ~30 s from now, drops it (tally.machinery.informers: the first listing).
-        self.caches.relist_all()
-        # Readiness waits until those listings have arrived (tally.app.readiness).
-        self.caches.expect_listings()
         # What start-up built lives as long as the process: out of the collector's walks.
         frozen = freeze_long_lived()
         logger.debug("%d objects kept out of the cyclic collector's walks", frozen)
@@ -281,14 +286,62 @@ class Runtime:
                 evaluators=self.registry.list,
                 core_always=self.quota.enforces_resource_quotas,
             )
-        # Ready once the loop is prompt and the re-lists above are done, not at once: Kopf's
-        # watches replay their listings from here on (tally.app.readiness).
+        # Ready once the first pass below, the re-lists and Kopf's first listings are done and
+        # the loop is prompt, not at once (tally.app.readiness).
+        self._first_pass_left = self.quota.unfinished_syncs()
         self.readiness.serving(asyncio.get_running_loop().time())
         self.leadership.start(settings, self.dedicated_api)
+        try:
+            await self._first_pass()
+        finally:
+            self._first_pass_left = None
+        # Kopf's watches start after this handler, each with a listing of its own: what was
+        # deleted between these LISTs and those is reported by neither. One re-list of every
+        # kind, ~30 s from now, drops it (tally.machinery.informers: the first listing).
+        self.caches.relist_all()
+        # Readiness waits until those listings have arrived (tally.app.readiness).
+        self.caches.expect_listings()
+
+    async def _first_pass(self) -> None:
+        """On the leader, wait (``FIRST_PASS_LIMIT_S`` at most) until the controllers have
+        recalculated every quota from the synced caches, before Kopf's watches begin.
+
+        Kopf's first listing of every object goes through its per-event machinery on this
+        loop, about a millisecond each: at 150 000 pods, minutes of one core. Started at
+        once, it shares the loop with the first recalculations, and every quota waited for
+        its usage behind it (10 000 quotas took 60 s to be written after the caches synced).
+        Upstream's controller, too, computes from its informers' synced point; what the
+        watches bring meanwhile comes after, as it would behind a listing: creations
+        admission charges are held as charges, and the rest is seen once the watches catch
+        up. A follower has nothing to recalculate and does not wait; neither does a replica
+        whose quotas are already right (a restart: the syncs write nothing)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while not self.leadership.leading:
+            if self.leadership.led_elsewhere or loop.time() - started >= FIRST_PASS_LEAD_WAIT_S:
+                return  # another replica leads: nothing here recalculates
+            await asyncio.sleep(FIRST_PASS_POLL_S)
+        while True:
+            left = self.quota.unfinished_syncs()
+            self._first_pass_left = left
+            if left == 0:
+                logger.info("every quota recalculated %.1f s after the caches synced; Kopf's "
+                            "watches begin", loop.time() - started)  # fmt: skip
+                return
+            if loop.time() - started >= FIRST_PASS_LIMIT_S:
+                logger.warning("%d quota(s) still to recalculate %.0f s after the caches synced; "
+                               "Kopf's watches begin anyway", left, FIRST_PASS_LIMIT_S)  # fmt: skip
+                return
+            await asyncio.sleep(FIRST_PASS_POLL_S)
 
     def _start_up_pending(self) -> str | None:
         """The start-up work still to come on the loop (readiness waits it out), as a reason:
-        the re-lists, then the rest of Kopf's first listings."""
+        the first pass, the re-lists, then the rest of Kopf's first listings."""
+        if self._first_pass_left is not None:
+            return (
+                f"the first recalculation of every quota is under way ({self._first_pass_left} "
+                "left); Kopf's watches begin after it"
+            )
         kinds = self.caches.relisting()
         if kinds:
             return f"the start-up re-list of {', '.join(kinds)} is scheduled or under way"

@@ -283,6 +283,11 @@ class ClusterQuotaController:
         for name in self.resync_keys():
             self.queue.add(name)
 
+    def unfinished(self) -> int:
+        """ClusterQuotas queued or being synced (retries waiting out their back-off not
+        counted)."""
+        return self.queue.unfinished()
+
     # -- sync
 
     async def _sync_key(self, name: str) -> None:

@@ -302,6 +302,11 @@ class ResourceQuotaController:
         for key in self.resync_keys():
             self._enqueue(key)
 
+    def unfinished(self) -> int:
+        """Quotas queued or being synced, on both queues (retries waiting out their back-off
+        not counted)."""
+        return self.queue.unfinished() + self.missing_usage_queue.unfinished()
+
     # -- sync
 
     async def _sync_key(self, key: QuotaKey) -> None:

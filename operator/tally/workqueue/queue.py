@@ -117,6 +117,10 @@ class Queue(Generic[T]):
         """The number of queued items (not counting in-flight ones): information only."""
         return len(self._queue)
 
+    def unfinished(self) -> int:
+        """Items queued or in flight (items waiting on a delayed add are not counted)."""
+        return len(self._queue) + len(self._processing)
+
     def waiting(self, item: T) -> bool:
         """Whether ``item`` is queued and no worker has got it yet: its processing starts
         after this moment, so it sees whatever the caller has already changed."""

@@ -16,6 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import builders
+from tally.app import runtime as runtime_module
 from tally.app.kinds import CLUSTER_QUOTAS, PODS, RESOURCE_QUOTAS
 from tally.app.runtime import Runtime
 from tally.app.settings import Settings
@@ -256,3 +257,73 @@ async def test_a_cluster_quota_usage_write_does_not_poke_discovery(
     moved["spec"]["selector"] = {"labels": {"matchLabels": {"team": "t1"}}}
     runtime.on_event(CLUSTER_QUOTAS, "MODIFIED", moved)
     assert pokes == ["poke", "poke", "poke"]
+
+
+class _Leadership:
+    """What the first pass asks of leading: whether this replica leads, or another does."""
+
+    def __init__(self, *, leading: bool, led_elsewhere: bool = False) -> None:
+        self.leading = leading
+        self.led_elsewhere = led_elsewhere
+
+
+async def test_the_leaders_first_pass_holds_kopfs_watches_until_every_quota_is_synced(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    left = [3, 2, 2, 0]
+    monkeypatch.setattr(runtime, "leadership", _Leadership(leading=True))
+    monkeypatch.setattr(runtime.quota, "unfinished_syncs", lambda: left[0])
+    monkeypatch.setattr(runtime_module, "FIRST_PASS_POLL_S", 0.01)
+    reasons: list[str | None] = []
+
+    async def syncs() -> None:
+        while len(left) > 1:
+            reasons.append(runtime._start_up_pending())
+            left.pop(0)
+            await asyncio.sleep(0.02)
+
+    with caplog.at_level("INFO", logger=runtime_module.__name__):
+        await asyncio.gather(runtime._first_pass(), syncs())
+    assert [0] == left
+    assert (
+        "the first recalculation of every quota is under way (3 left); Kopf's watches begin"
+        " after it"
+    ) == reasons[0]
+    assert any("every quota recalculated" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_follower_lets_kopfs_watches_begin_at_once(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "leadership", _Leadership(leading=False, led_elsewhere=True))
+    monkeypatch.setattr(runtime.quota, "unfinished_syncs", lambda: 10_000)
+    await asyncio.wait_for(runtime._first_pass(), 0.5)
+
+
+async def test_the_first_pass_holds_the_watches_back_for_a_bounded_time(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime, "leadership", _Leadership(leading=True))
+    monkeypatch.setattr(runtime.quota, "unfinished_syncs", lambda: 7)
+    monkeypatch.setattr(runtime_module, "FIRST_PASS_LIMIT_S", 0.2)
+    monkeypatch.setattr(runtime_module, "FIRST_PASS_POLL_S", 0.01)
+    with caplog.at_level("WARNING", logger=runtime_module.__name__):
+        await asyncio.wait_for(runtime._first_pass(), 1)
+    assert [
+        "7 quota(s) still to recalculate 0 s after the caches synced; Kopf's watches begin anyway"
+    ] == [r.getMessage() for r in caplog.records]
+
+
+async def test_unfinished_syncs_counts_what_the_quota_controllers_have_queued(
+    runtime: Runtime,
+) -> None:
+    assert 0 == runtime.quota.unfinished_syncs()
+    quota = builders.resource_quota(
+        "q2", {"pods": "10"}, {"pods": "0"}, namespace="team", uid="u-q2", resource_version="1"
+    )
+    runtime.on_event(RESOURCE_QUOTAS, "ADDED", quota)
+    assert 1 == runtime.quota.unfinished_syncs()
+    key = await asyncio.wait_for(runtime.quota.controller.queue.get(), 1)
+    assert 1 == runtime.quota.unfinished_syncs(), "a sync in flight is not finished"
+    runtime.quota.controller.queue.done(key)
+    assert 0 == runtime.quota.unfinished_syncs()
