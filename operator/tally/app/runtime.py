@@ -26,7 +26,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
-from tally.app.heap import freeze_long_lived, heap_trimmer
+from tally.app.heap import collector_paused, freeze_long_lived, heap_trimmer
 from tally.app.kinds import (
     APPLIED_CLUSTER_QUOTAS,
     CLUSTER_QUOTAS,
@@ -247,7 +247,8 @@ class Runtime:
         try:
             # Unready (503) from the first moment the kubelet can probe.
             await self.readiness_endpoint.start(settings.readiness_addr, settings.readiness_port)
-            await self._sync_and_check()
+            with collector_paused():
+                await self._sync_and_check()
             if settings.webhook_enabled:
                 # Before anything starts: a certificate that cannot be had (the Secret refused,
                 # unusable mounted files) fails the start like a failed LIST.

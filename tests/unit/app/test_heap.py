@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tally.app.heap import HeapTrimmer, freeze_long_lived, glibc_malloc_trim
+from tally.app.heap import HeapTrimmer, collector_paused, freeze_long_lived, glibc_malloc_trim
 from tally.app.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.unit
@@ -130,3 +130,28 @@ def test_freezing_keeps_what_lives_out_of_collections_and_collects_garbage_first
         assert not any(o is kept for o in gc.get_objects())
     finally:
         gc.unfreeze()
+
+
+def test_the_collector_is_off_in_the_block_and_back_after_it_even_on_error() -> None:
+    seen: list[bool] = []
+
+    def failing_list() -> None:
+        with collector_paused():
+            seen.append(gc.isenabled())
+            raise RuntimeError("a LIST failed")
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="a LIST failed"):
+        failing_list()
+    assert [False] == seen
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_outside_stays_off() -> None:
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
