@@ -198,11 +198,26 @@ class WorkerPool(Generic[T]):
             )
 
     async def _run_worker(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            if not await self.process_next_work_item():
-                return
             # A sync that writes nothing never suspends, and ``get`` on a non-empty queue
-            # returns at once: without this, one worker would run a whole queue of such syncs
-            # (a resync of every quota) in one turn of the loop, and the webhook's reviews,
-            # the watches and the probes on the same loop would wait for all of it.
-            await asyncio.sleep(0)
+            # returns at once: one worker would run a whole queue of such syncs (a resync of
+            # every quota) in one turn of the loop, and the webhook's reviews, the watches and
+            # the probes on the same loop would wait for all of it. So a worker whose item
+            # never let the loop run gives it a turn. One that did suspend (a status write)
+            # does not: each extra turn is a wait behind everything else ready, and while
+            # Kopf replays a large listing that is a long one, for every sync.
+            turned = loop.create_future()
+            marker = loop.call_soon(_set_done, turned)
+            if not await self.process_next_work_item():
+                marker.cancel()
+                return
+            if not turned.done():
+                marker.cancel()
+                await asyncio.sleep(0)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    """The loop ran a turn since the future was made (see ``WorkerPool._run_worker``)."""
+    if not future.done():
+        future.set_result(None)

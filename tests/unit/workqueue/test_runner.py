@@ -161,6 +161,41 @@ async def test_a_worker_lets_the_loop_run_between_syncs_that_never_suspend() -> 
     await pool.stop(grace_period=1)
 
 
+# A sync that suspended (a status write) has already let the loop run: no extra turn for it,
+# which under a busy loop would be one more wait behind everything else ready, per sync.
+async def test_a_sync_that_suspended_gets_no_extra_turn() -> None:
+    q = _queue(clocks.FakeClock())
+    synced: list[str] = []
+    turns = 0
+    counting = True
+
+    all_synced = asyncio.Event()
+
+    async def sync(key: str) -> None:
+        await asyncio.sleep(0)  # one turn of the loop, as a write's wait for its answer
+        synced.append(key)
+        if len(synced) == 100:
+            all_synced.set()
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while counting:
+            turns += 1
+            await asyncio.sleep(0)
+
+    for index in range(100):
+        q.add(f"quota-{index}")
+    counter = asyncio.create_task(count_turns())
+    pool = runner.WorkerPool(q, sync, workers=1)
+    pool.start()
+    await asyncio.wait_for(all_synced.wait(), 5)
+    counting = False
+    await counter
+    # One turn per sync, not two (one more for the get of each wait is not taken either).
+    assert turns <= 110, turns
+    await pool.stop(grace_period=1)
+
+
 # Kopf aiotasks.stop: workers that outlive the grace period are cancelled, with a warning.
 async def test_stop_cancels_workers_that_hang(caplog: pytest.LogCaptureFixture) -> None:
     q = _queue(clocks.FakeClock())
