@@ -330,10 +330,6 @@ class AppliedQuotaController:
             keys.update(_key(ns, name) for ns in namespaces if self.selects(cq, ns))
         return sorted(keys)
 
-    def enqueue_all(self) -> None:
-        for key in self.resync_keys():
-            self.queue.add(key)
-
     def _applied_keys(self) -> list[tuple[str, str]]:
         return [
             (ns, name) for ns in self.applied.namespaces() for name in self.applied.names_in(ns)

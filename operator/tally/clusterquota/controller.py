@@ -279,10 +279,6 @@ class ClusterQuotaController:
         """Every ClusterQuota, in the order the full resync hands them out."""
         return [cluster.name_of(cq) for cq in self._all()]
 
-    def enqueue_all(self) -> None:
-        for name in self.resync_keys():
-            self.queue.add(name)
-
     def unfinished(self) -> int:
         """ClusterQuotas queued or being synced (retries waiting out their back-off not
         counted)."""

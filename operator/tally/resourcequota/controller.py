@@ -297,11 +297,6 @@ class ResourceQuotaController:
             for quota_obj in self.quotas.in_namespace(namespace)
         ]
 
-    def enqueue_all(self) -> None:
-        """Every quota through the primary queue at once."""
-        for key in self.resync_keys():
-            self._enqueue(key)
-
     def unfinished(self) -> int:
         """Quotas queued or being synced, on both queues (retries waiting out their back-off
         not counted)."""

@@ -49,7 +49,7 @@ def due(count: int, elapsed: float, period: float) -> int:
         return 0 if count == 0 else 1
     if elapsed >= period:
         return count
-    return min(count, max(1, math.ceil(count * elapsed / period)))
+    return min(count, math.ceil(count * elapsed / period))
 
 
 class SpreadResync(Generic[K]):

@@ -171,11 +171,17 @@ async def drain(controller: AppliedQuotaController) -> None:
                 queue.done(key)
 
 
+def _resync(controller: Any) -> None:
+    """A full resync round at once, as SpreadResync hands it out."""
+    for key in controller.resync_keys():
+        controller.queue.add(key)
+
+
 async def test_one_object_per_selected_namespace_and_none_elsewhere() -> None:
     now = [100.0]
     stray = applied_object(cq(STATUS), "c-other")  # left from when c-other was selected
     controller, writer, *_ = setup(now, [stray])
-    controller.enqueue_all()
+    _resync(controller)
     await drain(controller)
     assert sorted(writer.calls) == [("create", "a-api"), ("create", "a-web"),
                                     ("delete", "c-other")]  # fmt: skip
@@ -185,7 +191,7 @@ async def test_an_object_that_shows_the_cluster_quota_already_is_not_written() -
     now = [100.0]
     current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
     controller, writer, *_ = setup(now, current)
-    controller.enqueue_all()
+    _resync(controller)
     await drain(controller)
     assert [] == writer.calls
 
@@ -249,7 +255,7 @@ async def test_no_object_where_tally_does_not_watch() -> None:
     now = [100.0]
     controller, writer, *_ = setup(now)
     controller.manages = lambda namespace: namespace == "a-api"
-    controller.enqueue_all()
+    _resync(controller)
     await drain(controller)
     assert [("create", "a-api")] == writer.calls
 
@@ -312,7 +318,7 @@ async def test_objects_for_many_namespaces_parse_each_share_once(
         return real(raw, path)
 
     monkeypatch.setattr(cluster, "parse_resource_list", counting)
-    controller.enqueue_all()
+    _resync(controller)
     await drain(controller)
     # (a-api and a-web, team a from the setup, are selected too.)
     assert sorted(writer.calls) == sorted(("create", ns) for ns in [*names, "a-api", "a-web"])

@@ -802,15 +802,17 @@ async def test_delete_quota_enqueues_on_the_primary_queue() -> None:
     assert ("default", "rq") == await controller.queue.get()
 
 
-async def test_enqueue_all_puts_every_quota_on_the_primary_queue() -> None:
-    # Upstream enqueueAll (the full resync): every quota, on the primary queue.
+async def test_the_resync_puts_every_quota_on_the_primary_queue() -> None:
+    # Upstream enqueueAll (the full resync): every quota, on the primary queue; SpreadResync
+    # hands resync_keys() to _enqueue.
     quotas = [
         resource_quota("a", {"cpu": "1"}, namespace="ns-1"),
         resource_quota("b", {"cpu": "1"}, namespace="ns-1"),
         resource_quota("c", {"cpu": "1"}, namespace="ns-2"),
     ]
     controller, _ = new_controller(quotas)
-    controller.enqueue_all()
+    for key in controller.resync_keys():
+        controller._enqueue(key)
     assert 0 == len(controller.missing_usage_queue)
     assert 3 == len(controller.queue)
     keys = {await controller.queue.get() for _ in range(3)}
