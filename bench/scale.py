@@ -47,8 +47,8 @@ Every run adds its row to ``bench/results/scale-series.json`` and redraws the se
 requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.crt`` one that
 kube-controller-manager publishes into every namespace (its presence is checked first).
 
-Prints the times, the memory, the ratios to the targets (convergence <= 30 s, RSS <=
-kube-controller-manager's), the input sizes and the machine, and writes the figures as JSON and
+Prints the times, the memory, the ratios to the targets (convergence <= 30 s up to 30 000 pods,
+<= 60 s above, up to upstream's envelope of 150 000; RSS <= kube-controller-manager's), the input sizes and the machine, and writes the figures as JSON and
 a picture beside it (``bench/results/scale.json``, ``.png``). Creates run with ``--concurrency``
 requests in flight (retrying the API server's overload answers).
 
@@ -97,6 +97,10 @@ from tally.app.settings import Settings
 from tally.quota.quantity import Quantity, parse_quantity
 
 TARGET_CONVERGENCE_S = 30.0
+"""Every quota correct after tally's spawn, up to :data:`TARGET_CONVERGENCE_UP_TO_PODS` pods."""
+TARGET_CONVERGENCE_UP_TO_PODS = 30_000
+TARGET_CONVERGENCE_ENVELOPE_S = 60.0
+"""The bound above that many pods, up to upstream's envelope (150 000 pods, 10 000 namespaces)."""
 TIMEOUT_S = 300.0
 POLL_S = 0.5
 QUIET_CPU_FRACTION = 0.10
@@ -806,6 +810,13 @@ async def _wait_quiet(tally: Tally, pid: int, started: float, result: OperatorRe
 # Report
 
 
+def target_convergence_s(pods: int) -> float:
+    """The bound on every quota correct after spawn for a run of ``pods`` pods."""
+    return TARGET_CONVERGENCE_S if pods <= TARGET_CONVERGENCE_UP_TO_PODS else (
+        TARGET_CONVERGENCE_ENVELOPE_S
+    )
+
+
 def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: OperatorResult) -> None:
     def seconds(value: float | None) -> str:
         return "never" if value is None else f"{value:6.1f} s"
@@ -854,8 +865,9 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
           f"convergence) {_window(upstream.probe)}")  # fmt: skip
     print()
     convergence = tally.convergence_s or float("inf")
-    ratio = convergence / TARGET_CONVERGENCE_S
-    print(f"convergence: {convergence:.1f} s = {ratio:.2f}x the target {TARGET_CONVERGENCE_S:.0f}"
+    target = target_convergence_s(len(data.pods))
+    ratio = convergence / target
+    print(f"convergence: {convergence:.1f} s = {ratio:.2f}x the target {target:.0f}"
           f" s ({'meets' if ratio <= 1.0 else 'misses'})")  # fmt: skip
     rss_ratio = tally.rss / upstream.kcm_rss
     peak_ratio = tally.peak / upstream.kcm_peak
@@ -889,7 +901,7 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
             # the two convergence times start from different moments, so only the target
             # judges tally's.
             Figure("every quota correct after start", "s", convergence, None,
-                   target=f"<= {TARGET_CONVERGENCE_S:.0f} s"),
+                   target=f"<= {target:.0f} s"),
             Figure(f"resident memory at {tally.settled_s:.0f} s", "MiB", tally.rss / 2**20,
                    upstream.kcm_rss / 2**20, reference_name="kube-controller-manager",
                    target="<= 1.0x"),

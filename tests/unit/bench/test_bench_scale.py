@@ -116,3 +116,11 @@ def test_a_sync_count_that_could_not_be_read_is_no_reading() -> None:
     assert scale.syncs_reading("20131.0", "815.58") == "20131 syncs, 815.58 s in total"
     assert scale.syncs_reading("?", "?") is None
     assert scale.syncs_reading("10", "") is None
+
+
+def test_convergence_is_held_to_30_s_up_to_30_000_pods_and_60_s_at_the_envelope() -> None:
+    # Issue 30's bounds: 30 s for the 30 000-pod run, 60 s at 150 000 pods.
+    assert scale.target_convergence_s(10_000) == 30.0
+    assert scale.target_convergence_s(30_000) == 30.0
+    assert scale.target_convergence_s(50_000) == 60.0
+    assert scale.target_convergence_s(150_000) == 60.0
