@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from tally.app.heap import freeze_long_lived
+from tally.app.heap import freeze_long_lived, full_collections_rarely
 from tally.app.kopf_settings import configure_kopf
 from tally.kube import rest
 
@@ -24,8 +24,9 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     finally:
         await api.close()
     # The same process tuning as tally's once its caches are synced: what start-up built is
-    # kept out of the cyclic collector's walks.
+    # kept out of the cyclic collector's walks, and full collections are rare.
     freeze_long_lived()
+    full_collections_rarely()
 
 
 @kopf.on.event("v1", "pods", id="cache-pods")

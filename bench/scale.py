@@ -48,9 +48,10 @@ requests, ``count/configmaps`` the configmaps created plus the ``kube-root-ca.cr
 kube-controller-manager publishes into every namespace (its presence is checked first).
 
 Prints the times, the memory, the ratios to the targets (convergence <= 30 s up to 30 000 pods,
-<= 60 s above, up to upstream's envelope of 150 000; RSS <= kube-controller-manager's), the input sizes and the machine, and writes the figures as JSON and
-a picture beside it (``bench/results/scale.json``, ``.png``). Creates run with ``--concurrency``
-requests in flight (retrying the API server's overload answers).
+<= 60 s above, up to upstream's envelope of 150 000; RSS <= kube-controller-manager's), the
+input sizes and the machine, and writes the figures as JSON and a picture beside it
+(``bench/results/scale.json``, ``.png``). Creates run with ``--concurrency`` requests in flight
+(retrying the API server's overload answers).
 
 Run: ``.venv/bin/python bench/scale.py [--namespaces 1000] [--pods 10000]``.
 """
@@ -812,8 +813,10 @@ async def _wait_quiet(tally: Tally, pid: int, started: float, result: OperatorRe
 
 def target_convergence_s(pods: int) -> float:
     """The bound on every quota correct after spawn for a run of ``pods`` pods."""
-    return TARGET_CONVERGENCE_S if pods <= TARGET_CONVERGENCE_UP_TO_PODS else (
-        TARGET_CONVERGENCE_ENVELOPE_S
+    return (
+        TARGET_CONVERGENCE_S
+        if pods <= TARGET_CONVERGENCE_UP_TO_PODS
+        else TARGET_CONVERGENCE_ENVELOPE_S
     )
 
 

@@ -26,7 +26,12 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from tally.admission.attributes import Attributes
-from tally.app.heap import collector_paused, freeze_long_lived, heap_trimmer
+from tally.app.heap import (
+    collector_paused,
+    freeze_long_lived,
+    full_collections_rarely,
+    heap_trimmer,
+)
 from tally.app.kinds import (
     APPLIED_CLUSTER_QUOTAS,
     CLUSTER_QUOTAS,
@@ -262,6 +267,8 @@ class Runtime:
         # What start-up built lives as long as the process: out of the collector's walks.
         frozen = freeze_long_lived()
         logger.debug("%d objects kept out of the cyclic collector's walks", frozen)
+        # Kopf's listings are replayed from here, each event leaving a cycle (tally.app.heap).
+        full_collections_rarely()
         self.quota.start()
         if self.heap_trimmer is not None:
             self.heap_trimmer.start()

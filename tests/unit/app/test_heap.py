@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tally.app.heap import HeapTrimmer, collector_paused, freeze_long_lived, glibc_malloc_trim
+from tally.app.heap import (
+    FULL_COLLECTION_EVERY,
+    HeapTrimmer,
+    collector_paused,
+    freeze_long_lived,
+    full_collections_rarely,
+    glibc_malloc_trim,
+)
 from tally.app.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.unit
@@ -155,3 +162,17 @@ def test_a_collector_turned_off_outside_stays_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_full_collections_are_considered_rarely_and_the_young_generations_stay() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)  # CPython's defaults
+        full_collections_rarely()
+        assert (700, 10, 100) == gc.get_threshold()
+        assert FULL_COLLECTION_EVERY == 100
+        gc.set_threshold(5000, 20, 10)
+        full_collections_rarely()
+        assert (5000, 20, FULL_COLLECTION_EVERY) == gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)
