@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -90,6 +91,9 @@ FIRST_PASS_LEAD_WAIT_S: Final = 5.0
 """How long a replica waits to lead, unless it sees another holder first, before it lets Kopf's
 watches begin (a cold start acquires a free Lease in milliseconds)."""
 FIRST_PASS_POLL_S: Final = 0.1
+LISTINGS_FREEZE_POLL_S: Final = 1.0
+"""How often the start-up looks whether Kopf's first listings have all arrived, to freeze what
+they left (:meth:`Runtime._freeze_after_listings`)."""
 
 
 def _keep_whole(obj: Any) -> Any:
@@ -218,6 +222,8 @@ class Runtime:
         self._metrics_runner: web.AppRunner | None = None
         self._first_pass_left: int | None = None
         """Syncs left in the leader's first pass (:meth:`_first_pass`), None outside it."""
+        self._listings_freeze: asyncio.Task[None] | None = None
+        """The freeze once Kopf's first listings have arrived (:meth:`_freeze_after_listings`)."""
         self.readiness = Readiness(
             max_lag=settings.readiness_max_loop_lag,
             window=settings.readiness_window,
@@ -309,6 +315,28 @@ class Runtime:
         self.caches.relist_all()
         # Readiness waits until those listings have arrived (tally.app.readiness).
         self.caches.expect_listings()
+        self._listings_freeze = asyncio.create_task(
+            self._freeze_after_listings(), name="listings-freeze"
+        )
+
+    async def _freeze_after_listings(self) -> None:
+        """Once Kopf's first listings and the start-up re-lists are done, freeze again.
+
+        Kopf keeps a few objects for every object it has seen, and the re-lists replace the
+        caches' entries: at 50 000 pods, millions of objects the first freeze did not cover.
+        Every full collection walked them all, 0.2-1.0 s on the loop each, and they came every
+        few seconds through the replay and after it (tally.app.heap), each a pause that reviews
+        wait out and that kept readiness's window from ever being prompt. This one collection
+        is the last such pause, and it comes before the replica reports ready."""
+        while self.caches.relisting() or self.caches.listings_pending():  # noqa: ASYNC110
+            # Polled: arrival is told by walking the stores (ListingReplay), not signalled.
+            await asyncio.sleep(LISTINGS_FREEZE_POLL_S)
+        started = time.perf_counter()
+        frozen = freeze_long_lived()
+        logger.info(
+            "Kopf's first listings arrived: %d objects kept out of the cyclic collector's walks "
+            "(the collection before took %.0f ms)", frozen, (time.perf_counter() - started) * 1000,
+        )  # fmt: skip
 
     async def _first_pass(self) -> None:
         """On the leader, wait (``FIRST_PASS_LIMIT_S`` at most) until the controllers have
@@ -358,6 +386,8 @@ class Runtime:
             return "Kopf's first listing has yet to deliver " + ", ".join(
                 f"{remaining} of {total} {kind}" for kind, remaining, total in listings
             )
+        if self._listings_freeze is not None and not self._listings_freeze.done():
+            return "what Kopf's first listings left is to be frozen out of the collector's walks"
         return None
 
     async def _sync_and_check(self) -> None:
@@ -406,6 +436,9 @@ class Runtime:
         await self.leadership.release(within=left())
         await self.quota.stop(within=left)
         await self.caches.stop()
+        if self._listings_freeze is not None:
+            self._listings_freeze.cancel()
+            await asyncio.gather(self._listings_freeze, return_exceptions=True)
         await self.recorder.flush(within=left())
         if left() == 0.0:
             logger.warning(

@@ -327,3 +327,53 @@ async def test_unfinished_syncs_counts_what_the_quota_controllers_have_queued(
     assert 1 == runtime.quota.unfinished_syncs(), "a sync in flight is not finished"
     runtime.quota.controller.queue.done(key)
     assert 0 == runtime.quota.unfinished_syncs()
+
+
+async def test_what_kopfs_first_listings_left_is_frozen_once_they_arrived(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    listings: list[tuple[str, int, int]] = [("pods", 5, 9)]
+    relisting = ["pods"]
+    frozen: list[str] = []
+    monkeypatch.setattr(runtime.caches, "relisting", lambda: relisting)
+    monkeypatch.setattr(runtime.caches, "listings_pending", lambda: listings)
+    monkeypatch.setattr(runtime_module, "LISTINGS_FREEZE_POLL_S", 0.01)
+    monkeypatch.setattr(runtime_module, "freeze_long_lived", lambda: frozen.append("x") or 7)
+    with caplog.at_level("INFO", logger=runtime_module.__name__):
+        runtime._listings_freeze = asyncio.create_task(runtime._freeze_after_listings())
+        await asyncio.sleep(0.05)
+        assert [] == frozen  # the re-list and the listing still under way
+        assert "the start-up re-list of pods is scheduled or under way" == (
+            runtime._start_up_pending()
+        )
+        relisting.clear()
+        await asyncio.sleep(0.05)
+        assert [] == frozen
+        assert "Kopf's first listing has yet to deliver 5 of 9 pods" == runtime._start_up_pending()
+        listings.clear()
+        await asyncio.wait_for(runtime._listings_freeze, 1)
+    assert ["x"] == frozen
+    assert runtime._start_up_pending() is None
+    assert any(
+        "Kopf's first listings arrived: 7 objects kept out" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_readiness_waits_for_the_freeze_after_the_listings(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime.caches, "relisting", lambda: [])
+    monkeypatch.setattr(runtime.caches, "listings_pending", lambda: [])
+    release = asyncio.Event()
+
+    async def freezing() -> None:
+        await release.wait()
+
+    runtime._listings_freeze = asyncio.create_task(freezing())
+    assert "what Kopf's first listings left is to be frozen out of the collector's walks" == (
+        runtime._start_up_pending()
+    )
+    release.set()
+    await runtime._listings_freeze
+    assert runtime._start_up_pending() is None
