@@ -9,7 +9,8 @@ at start-up), and a pod watch's stream of short-lived JSON keeps triggering coll
 what is alive once the caches are synced into the permanent generation (``gc.freeze``), after
 one full collection (so no garbage is frozen with it); later full collections walk only what
 came after. Before that, while the start-up's LISTs fill the caches, the collector is off
-(:func:`collector_paused`).
+(:func:`collector_paused`). The runtime freezes once more when Kopf's first listings have
+arrived: what Kopf keeps per object then lives as long as the object.
 
 **Full collections, rarely.** Kopf wraps every watch event's object in views that refer to each
 other, so each event leaves a cycle holding the object's whole JSON, which only the collector
