@@ -325,9 +325,9 @@ class Runtime:
         Kopf keeps a few objects for every object it has seen, and the re-lists replace the
         caches' entries: at 50 000 pods, millions of objects the first freeze did not cover.
         Every full collection walked them all, 0.2-1.0 s on the loop each, and they came every
-        few seconds through the replay and after it (tally.app.heap), each a pause that reviews
-        wait out and that kept readiness's window from ever being prompt. This one collection
-        is the last such pause, and it comes before the replica reports ready."""
+        few seconds through the replay and after it (tally.app.heap): pauses that reviews wait
+        out. This one collection's pause comes before the replica reports ready; later full
+        collections walk only what came after it."""
         while self.caches.relisting() or self.caches.listings_pending():  # noqa: ASYNC110
             # Polled: arrival is told by walking the stores (ListingReplay), not signalled.
             await asyncio.sleep(LISTINGS_FREEZE_POLL_S)
