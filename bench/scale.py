@@ -68,6 +68,7 @@ import re
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -509,6 +510,11 @@ class OperatorResult:
     """Informer re-lists that reconciled changes (logged by tally)."""
     ready_s: float | None = None
     """``/readyz`` first answered 200."""
+    readiness_reasons: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    """(seconds since start, ``/readyz``'s answer) each time the answer's words changed (its
+    figures left out), until ready: what held readiness, and for how long."""
+    ready_how: str = ""
+    """How tally's log says it became ready (prompt loop, or the timeout's warning)."""
     lease_s: float | None = None
     cluster_quota_s: float | None = None
     """The ClusterQuota over every namespace showed every namespace's sums."""
@@ -596,6 +602,27 @@ class Tally(operator_process.TallyProcess):
                 for prefix in prefixes
             ]
         return ["?" for _ in prefixes]
+
+    def readiness(self) -> str | None:
+        """What ``/readyz`` answers (``ok``, or why not yet); None when it did not answer."""
+        if not self.readiness_url:
+            return None
+        try:
+            with urllib.request.urlopen(self.readiness_url, timeout=2) as response:
+                return response.read().decode(errors="replace").strip()
+        except urllib.error.HTTPError as error:  # 503: not ready, and why
+            return error.read().decode(errors="replace").strip()
+        except OSError:
+            return None
+
+    def ready_how(self) -> str:
+        """The log's line saying how the replica became ready, from ``ready``."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        found = re.search(r"\b(ready(: the| with| without)[^\n]*)", text)
+        return found.group(1) if found is not None else ""
 
 
 async def run_operator(
@@ -767,8 +794,13 @@ async def _observe_startup(
             result.samples.append((now, cpu_seconds(pid), memory_of(pid)[0]))
         if result.liveness_s is None and await asyncio.to_thread(tally.live):
             result.liveness_s = time.perf_counter() - started
-        if result.ready_s is None and await asyncio.to_thread(tally.ready):
-            result.ready_s = time.perf_counter() - started
+        if result.ready_s is None:
+            answer = await asyncio.to_thread(tally.readiness)
+            if answer == "ok":
+                result.ready_s = time.perf_counter() - started
+                result.ready_how = tally.ready_how()
+            elif answer is not None:
+                note_reason(result.readiness_reasons, now, answer)
         if result.caches_synced_s is None and tally.log_has(r"caches synced"):
             result.caches_synced_s = now
         if result.lease_s is None and tally.log_has(r"acquired lease"):
@@ -792,6 +824,17 @@ async def _observe_startup(
                 await raw.call("GET", WEBHOOK_PATH)
                 result.webhook_s = time.perf_counter() - started
         await asyncio.sleep(0.1 if result.webhook_s is None else 0.5)
+
+
+def note_reason(reasons: list[tuple[float, str]], at: float, answer: str) -> None:
+    """Append ``(at, answer)`` when its words differ from the last one's: figures (counts,
+    seconds) change on every read and are not a new reason."""
+
+    def words(text: str) -> str:
+        return re.sub(r"[0-9][0-9.]*", "#", text)
+
+    if not reasons or words(reasons[-1][1]) != words(answer):
+        reasons.append((at, answer))
 
 
 async def _wait_quiet(tally: Tally, pid: int, started: float, result: OperatorResult) -> None:
@@ -841,6 +884,10 @@ def report(data: Input, concurrency: int, upstream: ReferenceResult, tally: Oper
           f"   (CPU used by then {tally.cpu_to_convergence_s:.1f} s)")  # fmt: skip
     print(f"  webhook registered       {seconds(tally.webhook_s)}")
     print(f"  ready (/readyz 200)      {seconds(tally.ready_s)}")
+    for at, reason in tally.readiness_reasons:
+        print(f"    from {at:6.1f} s: {reason}")
+    if tally.ready_how:
+        print(f"    log: {tally.ready_how}")
     print(f"  ClusterQuota correct     {seconds(tally.cluster_quota_s)}"
           f"   (one, over all {len(data.namespaces)} namespaces)")  # fmt: skip
     print(f"  first quiet 2 s window   {seconds(tally.quiet_s)}"

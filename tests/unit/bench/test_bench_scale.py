@@ -124,3 +124,14 @@ def test_convergence_is_held_to_30_s_up_to_30_000_pods_and_60_s_at_the_envelope(
     assert scale.target_convergence_s(30_000) == 30.0
     assert scale.target_convergence_s(50_000) == 60.0
     assert scale.target_convergence_s(150_000) == 60.0
+
+
+def test_a_readiness_reason_is_noted_when_its_words_change_not_its_figures() -> None:
+    reasons: list[tuple[float, str]] = []
+    scale.note_reason(reasons, 1.0, "starting: the first recalculation (12 left)")
+    scale.note_reason(reasons, 1.5, "starting: the first recalculation (3 left)")
+    scale.note_reason(reasons, 2.0, "starting: Kopf's first listing has yet to deliver 7 of 9 pods")
+    scale.note_reason(reasons, 2.5, "starting: Kopf's first listing has yet to deliver 1 of 9 pods")
+    scale.note_reason(reasons, 3.0, "starting: the event loop ran 0.250 s late 0.1 s ago")
+    assert [at for at, _ in reasons] == [1.0, 2.0, 3.0]
+    assert reasons[1][1].endswith("7 of 9 pods")  # the first answer of each reason is kept
