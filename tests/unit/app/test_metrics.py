@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+from typing import Any
 
 import pytest
 
@@ -12,8 +14,10 @@ from tally.quota.quantity import parse_quantity
 pytestmark = pytest.mark.unit
 
 
-def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
-    return metrics.registry.get_sample_value(name, labels)
+def sample(metrics: Metrics, metric: str, **labels: str) -> float | None:
+    """As a scrape sees it: tally's own state read first (``Metrics.read_state``)."""
+    metrics.read_state()
+    return metrics.registry.get_sample_value(metric, labels)
 
 
 def test_quota_series_follow_the_quota() -> None:
@@ -145,3 +149,77 @@ def test_uncounted_resources_are_read_at_each_scrape() -> None:
     assert 1.0 == sample(metrics, name, resource="convs.example.com", reason="FailedList")
     problems.clear()  # counted again: the series is gone, not 0
     assert sample(metrics, name, resource="convs.example.com", reason="FailedList") is None
+
+
+def test_the_oldest_pending_charge_is_read_at_each_scrape() -> None:
+    metrics = Metrics()
+    oldest: list[float | None] = [None]
+    metrics.watch_charges(lambda: oldest[0])
+    name = "tally_admission_oldest_unconfirmed_charge_seconds"
+    assert 0.0 == sample(metrics, name)  # none pending
+    oldest[0] = 2.5
+    assert 2.5 == sample(metrics, name)
+
+
+async def test_a_scrape_reads_tallys_state_on_the_loop_and_renders_in_a_thread() -> None:
+    metrics = Metrics()
+    loop_thread = threading.get_ident()
+    read_on: list[int] = []
+
+    def problems() -> dict[str, str]:
+        read_on.append(threading.get_ident())
+        return {"convs.example.com": "FailedList"}
+
+    def oldest() -> float:
+        read_on.append(threading.get_ident())
+        return 4.0
+
+    metrics.watch_uncounted(problems)
+    metrics.watch_charges(oldest)
+    rendered_on: list[int] = []
+    original = metrics.registry.collect
+
+    def collect() -> Any:
+        rendered_on.append(threading.get_ident())
+        return original()
+
+    metrics.registry.collect = collect  # type: ignore[method-assign]
+    text = (await metrics.render()).decode()
+    assert 'tally_uncounted_resource{reason="FailedList",resource="convs.example.com"} 1.0' in text
+    assert "tally_admission_oldest_unconfirmed_charge_seconds 4.0" in text
+    assert read_on == [loop_thread, loop_thread]
+    assert rendered_on
+    assert all(ident != loop_thread for ident in rendered_on)
+
+
+def test_cluster_quota_series_follow_each_status() -> None:
+    metrics = Metrics()
+
+    def status(a_cpu: str, b_cpu: str | None) -> dict[str, Any]:
+        spaces = [{"namespace": "team-a", "status": {"used": {"requests.cpu": a_cpu}}}]
+        if b_cpu is not None:
+            spaces.append({"namespace": "team-b", "status": {"used": {"requests.cpu": b_cpu}}})
+        return {
+            "total": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "1500m"}},
+            "namespaces": spaces,
+        }
+
+    usage, share = "tally_clusterquota_usage", "tally_clusterquota_namespace_usage"
+    metrics.cluster_quota_synced("team", status("500m", "1"))
+    assert 4.0 == sample(metrics, usage, name="team", resource="requests.cpu", type="hard")
+    assert 1.5 == sample(metrics, usage, name="team", resource="requests.cpu", type="used")
+
+    def cpu(namespace: str) -> float | None:
+        return sample(
+            metrics, share, name="team", namespace=namespace, resource="requests.cpu", type="used"
+        )
+
+    assert (cpu("team-a"), cpu("team-b")) == (0.5, 1.0)
+    # team-a's share moved; team-b's did not; then team-b leaves the status (it uses nothing).
+    metrics.cluster_quota_synced("team", status("750m", "1"))
+    assert (cpu("team-a"), cpu("team-b")) == (0.75, 1.0)
+    metrics.cluster_quota_synced("team", status("750m", None))
+    assert (cpu("team-a"), cpu("team-b")) == (0.75, None)
+    metrics.cluster_quota_deleted("team")
+    assert cpu("team-a") is None
+    assert sample(metrics, usage, name="team", resource="requests.cpu", type="hard") is None
