@@ -72,6 +72,7 @@ from tally.webhook.server import (
     podset_review,
     quota_review,
 )
+from tally.workqueue.tasks import cancel_and_wait, start_watched
 
 logger = logging.getLogger(__name__)
 
@@ -315,8 +316,9 @@ class Runtime:
         self.caches.relist_all()
         # Readiness waits until those listings have arrived (tally.app.readiness).
         self.caches.expect_listings()
-        self._listings_freeze = asyncio.create_task(
-            self._freeze_after_listings(), name="listings-freeze"
+        # Watched: a freeze that died would otherwise leave readiness pending, unexplained.
+        self._listings_freeze = start_watched(
+            self._freeze_after_listings(), name="listings-freeze", logger=logger
         )
 
     async def _freeze_after_listings(self) -> None:
@@ -436,9 +438,8 @@ class Runtime:
         await self.leadership.release(within=left())
         await self.quota.stop(within=left)
         await self.caches.stop()
-        if self._listings_freeze is not None:
-            self._listings_freeze.cancel()
-            await asyncio.gather(self._listings_freeze, return_exceptions=True)
+        if self._listings_freeze is not None and not self._listings_freeze.done():
+            await cancel_and_wait(self._listings_freeze)  # one that died was logged
         await self.recorder.flush(within=left())
         if left() == 0.0:
             logger.warning(
