@@ -331,7 +331,7 @@ class QuotaSystem:
             if name is None:
                 self.controller.queue.add(key)
             else:
-                self.cluster_controller.queue.add(name)
+                self.cluster_controller.recalculate(name, key.namespace)
 
     def _count_kind_synced(self, gr: GroupResource) -> None:
         """A dynamic kind's cache is ready: recalculate the quotas that name it."""

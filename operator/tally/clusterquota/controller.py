@@ -18,6 +18,15 @@ What enqueues a ClusterQuota:
   and the sync the change started may have run before the object reached the caches);
 * a released charge (:mod:`tally.charges`), and the full resync.
 
+A sync calculates only the namespaces whose usage may have changed since this controller last
+computed the ClusterQuota's status (replenishment, a released charge, a namespace whose
+selection changed name them) and takes every other namespace's share from that status as
+written: at ten thousand selected namespaces, calculating them all took about 1.5 s of the one
+event loop, for each pod deleted anywhere. Every namespace is calculated again at the first
+sync (and the first after taking the lead), after a change of spec, when a kind's cache
+becomes ready, after a sync that failed or found errors, and at the full resync, which so
+also corrects a status someone else edited.
+
 When an evaluator fails on an object (a measure whose expression fails on it), the sync still
 writes what it could compute, keeps the failed names' last values, and sets the status's
 ``UsageComputed`` condition to ``False`` with the error (which names the object); a Warning
@@ -37,7 +46,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from tally.charges import ChargeLedger, FirstSyncs, RecentKeys, hold_pending
@@ -52,6 +62,7 @@ from tally.machinery.selectors import LabelSelector
 from tally.quota import resources
 from tally.quota.identity import cluster_quota_key
 from tally.quota.quantity import Quantity
+from tally.quota.resources import ResourceListError, parse_resource_list
 from tally.workqueue import (
     DEFAULT_STOP_TIMEOUT,
     MetricsProvider,
@@ -91,6 +102,22 @@ class SyncObserver(Protocol):
     def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None: ...
 
     def cluster_quota_deleted(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Calculation:
+    """What the next status write of one ClusterQuota carries (:meth:`ClusterQuotaController.
+    calculate`)."""
+
+    hard: dict[str, Quantity]
+    used: dict[str, dict[str, Quantity]]
+    """Usage by selected namespace."""
+    written: dict[str, Mapping[str, Any]]
+    """The namespaces whose share was taken from the status, as it was written there."""
+    errors: dict[str, list[Exception]]
+    """Evaluator errors by namespace."""
+    pending: list[str]
+    """Hard names whose kind has no cache yet, or that no evaluator measures yet."""
 
 
 class ClusterQuotaController:
@@ -162,12 +189,16 @@ class ClusterQuotaController:
             self.queue, self._sync_key, workers=workers, name=QUEUE, expected=(Conflict,)
         )
         self._resync = SpreadResync(
-            self.resync_keys, self.queue.add, resync_period, name="clusterquota-resync",
+            self.resync_keys, self._resync_one, resync_period, name="clusterquota-resync",
             logger=logger,
         )  # fmt: skip
         # Parsed selectors by ClusterQuota name, with the resourceVersion they were parsed at.
         # Entries leave with their ClusterQuota.
         self._selectors: dict[str, tuple[str, LabelSelector | None]] = {}
+        # By ClusterQuota whose status a sync of this controller computed: the spec it was
+        # computed for, and the namespaces whose usage may have changed since (the next sync
+        # calculates those alone). A ClusterQuota not here has every namespace calculated.
+        self._changed: dict[str, tuple[Any, set[str]]] = {}
 
     # -- reading the caches
 
@@ -207,6 +238,7 @@ class ClusterQuotaController:
         if change.kind is ChangeKind.DELETED:
             self._selectors.pop(change.name, None)
             self._first_status_waits.pop(change.name, None)
+            self._changed.pop(change.name, None)
             if self.observer is not None:
                 self.observer.cluster_quota_deleted(change.name)
             if self.charges is not None:
@@ -219,12 +251,13 @@ class ClusterQuotaController:
             return  # a status write: ours, or corrected at the next resync
         if change.kind is ChangeKind.UPDATED and _selection(old_spec) != _selection(new_spec):
             self.selection_changes.note((change.name, ""))
-        self.queue.add(change.name)
+        self.queue.add(change.name)  # a new spec: every namespace (see _take_changed)
 
     def enqueue_naming(self, gr: GroupResource) -> None:
         """``gr``'s cache is ready: every ClusterQuota whose spec names it is synced."""
         for cq in self._all():
             if self.registry.names(gr, cluster.spec_quota(cq).get("hard")):
+                self._changed.pop(cluster.name_of(cq), None)
                 self.queue.add(cluster.name_of(cq))
 
     def on_namespace(self, change: Change[Obj]) -> None:
@@ -239,6 +272,7 @@ class ClusterQuotaController:
             if before != after:
                 name = cluster.name_of(cq)
                 self.selection_changes.note((name, change.name))
+                self._changed_in(name, change.name)
                 self.queue.add(name)
 
     def replenish(
@@ -273,11 +307,52 @@ class ClusterQuotaController:
                 continue  # charged by admission, which judged by the selection we have
             names = list(status_hard or (cluster.spec_quota(current).get("hard") or {}))
             if evaluator.matching_resources(names):
-                self.queue.add(cluster.name_of(cq))
+                self._changed_in(name, namespace)
+                self.queue.add(name)
+
+    def recalculate(self, name: str, namespace: str) -> None:
+        """Charges held on ``name``'s share in ``namespace`` were released, or a late object
+        arrived (the charge ledger's ``recalculate``). ``namespace`` "" (the whole
+        ClusterQuota's key): the sync the ledger deferred while admission wrote the status,
+        which still has the namespaces it was to calculate."""
+        if namespace:
+            self._changed_in(name, namespace)
+        self.queue.add(name)
+
+    def _changed_in(self, name: str, namespace: str) -> None:
+        """``namespace``'s usage under ``name`` may have changed: its next sync calculates
+        it."""
+        computed = self._changed.get(name)
+        if computed is not None:
+            computed[1].add(namespace)
+
+    def _take_changed(self, name: str, cq: Obj) -> set[str] | None:
+        """The namespaces the sync of ``cq`` calculates (None: all of them); changes noted
+        from now on are the next sync's."""
+        computed = self._changed.get(name)
+        spec = cq.get("spec")
+        self._changed[name] = (spec, set())
+        if computed is None or computed[0] != spec:
+            return None
+        return computed[1]
+
+    def _give_back(self, name: str, taken: set[str] | None) -> None:
+        """The sync that took ``taken`` wrote nothing: the next one calculates them again."""
+        if taken is None:
+            self._changed.pop(name, None)
+            return
+        computed = self._changed.get(name)
+        if computed is not None:
+            computed[1].update(taken)
 
     def resync_keys(self) -> list[str]:
         """Every ClusterQuota, in the order the full resync hands them out."""
         return [cluster.name_of(cq) for cq in self._all()]
+
+    def _resync_one(self, name: str) -> None:
+        """The full resync: every namespace calculated again."""
+        self._changed.pop(name, None)
+        self.queue.add(name)
 
     def unfinished(self) -> int:
         """ClusterQuotas queued or being synced (retries waiting out their back-off not
@@ -294,14 +369,14 @@ class ClusterQuotaController:
             return
         await self.sync_cluster_quota(self._newest(cached))
 
-    def calculate(
-        self, cq: Obj
-    ) -> tuple[
-        dict[str, Quantity], dict[str, dict[str, Quantity]], dict[str, list[Exception]], list[str]
-    ]:
-        """(hard, used by selected namespace, evaluator errors by namespace, hard names whose
-        kind has no cache yet) as the next status write would carry them; a name an evaluator
-        failed on, or whose kind has no cache, keeps its last observation.
+    def calculate(self, cq: Obj, changed: Collection[str] | None = None) -> Calculation:
+        """What the next status write carries; a name an evaluator failed on, or whose kind
+        has no cache, keeps its last observation.
+
+        ``changed``: the namespaces whose usage may have changed since ``cq``'s status was
+        computed for its spec; every other selected namespace's share is taken as that status
+        lists it (a namespace it does not list used nothing), unless it does not parse or has
+        names outside ``hard``. None: every namespace is calculated.
 
         Raises :class:`cluster.InvalidClusterQuota` for a spec it cannot use.
         """
@@ -312,7 +387,7 @@ class ClusterQuotaController:
             scopes = quota_scopes({"spec": cluster.spec_quota(cq)})
         except ValueError as error:
             raise cluster.InvalidClusterQuota(str(error)) from None
-        previous = cluster.namespace_used(cq)
+        index = cluster.namespace_index(cq)
         unstored = [
             name
             for evaluator in self.registry.list()
@@ -321,16 +396,24 @@ class ClusterQuotaController:
         ]
         errors: dict[str, list[Exception]] = {}
         used_by_namespace: dict[str, dict[str, Quantity]] = {}
+        written: dict[str, Mapping[str, Any]] = {}
         for namespace in self.namespaces.names_in(""):
             if not chosen.matches(self.namespaces.get("", namespace)):
                 continue
+            if changed is not None and namespace not in changed:
+                share = _share_as_written(index, namespace, hard)
+                if share is not None:
+                    used_by_namespace[namespace] = share
+                    if share:
+                        written[namespace] = index[namespace]
+                    continue
             objects = {gr: store.in_namespace(namespace) for gr, store in self.stores.items()}
             try:
                 computed = calculate_usage(objects, hard, scopes, self.registry)
             except UsageError as failed:
                 errors[namespace] = list(failed.errors)
                 computed = dict(failed.usage)
-            last = previous.get(namespace, {})
+            last = cluster.share_in(index, namespace)
             # A kind without a store yet keeps its last observation, as for ResourceQuotas.
             for unknown in unstored:
                 computed.pop(unknown, None)
@@ -350,7 +433,9 @@ class ClusterQuotaController:
             if isinstance(spec, Mapping) and spec.get("name") in hard
             and spec.get("name") not in answered
         ]  # fmt: skip
-        return hard, used_by_namespace, errors, sorted({*unstored, *unmeasured})
+        return Calculation(
+            hard, used_by_namespace, written, errors, sorted({*unstored, *unmeasured})
+        )
 
     def _may_write_first_status(self, name: str) -> bool:
         """A status with ``hard`` is what says a ClusterQuota is in force (admission judges by
@@ -384,29 +469,44 @@ class ClusterQuotaController:
             self.queue.add_after(name, FIRST_STATUS_RECHECK_S)
             return  # nothing computed: asked again shortly
         started = time.monotonic()
+        taken = self._take_changed(name, cq)
+        if first:
+            taken = None
         try:
-            hard, used_by_namespace, errors_by_namespace, pending = self.calculate(cq)
+            calculation = self.calculate(cq, taken)
         except cluster.InvalidClusterQuota as invalid:
             # Refused by the webhook when written; one that got in anyway (webhook down) is
             # reported (its condition, its Event) and otherwise left alone: retrying will not
             # help.
+            self._changed.pop(name, None)
             condition = cluster.invalid_spec(cq, str(invalid), self._now())
             await self._write_status(cq, {**(cq.get("status") or {}), "conditions": [condition]})
             raise InvalidClusterQuotaError(f"{name}: {invalid}") from invalid
-        errors = [error for found in errors_by_namespace.values() for error in found]
+        hard = calculation.hard
+        errors = [error for found in calculation.errors.values() for error in found]
         computed = cluster.usage_computed(
-            cq, [str(error) for error in errors], self._now(), pending
+            cq, [str(error) for error in errors], self._now(), calculation.pending
         )
-        status = cluster.build_status(hard, used_by_namespace, self.measured(hard), [computed])
+        status = cluster.build_status(
+            hard, calculation.used, self.measured(hard), [computed], calculation.written
+        )
         written_names = set(cluster.status_total(cq, "hard") or {})
-        if await self._write_status(cq, status, errors_by_namespace) and (
-            first or written_names != set(hard)
-        ):
+        try:
+            wrote = await self._write_status(cq, status, calculation.errors)
+        except BaseException:
+            self._give_back(name, taken)
+            raise
+        if errors:
+            # The namespaces that failed are calculated again at the retry; so are the others,
+            # whose errors the condition would otherwise stop naming.
+            self._changed.pop(name, None)
+        if wrote and (first or written_names != set(hard)):
             # Admission charges the names in status.hard: a create it judged by the old ones
             # and the caches show only after this write is not in it.
             self.first_syncs.wrote_first(name)
-        logger.debug("synced cluster quota %s in %.1f ms", name,
-                     (time.monotonic() - started) * 1000)  # fmt: skip
+        logger.debug("synced cluster quota %s in %.1f ms (%s)", name,
+                     (time.monotonic() - started) * 1000,
+                     "all namespaces" if taken is None else f"{len(taken)} changed")  # fmt: skip
         if self.observer is not None:
             self.observer.cluster_quota_synced(name, status)
         if errors:
@@ -465,6 +565,9 @@ class ClusterQuotaController:
     # -- running
 
     def start(self) -> None:
+        # A status written while this controller did not run (another replica led) is
+        # computed anew, every namespace, before any share of it is taken as written.
+        self._changed.clear()
         self._pool.start()
         self._resync.start()
 
@@ -487,6 +590,21 @@ def _selection(spec: Any) -> Any:
         (quota.get("scopes"), quota.get("scopeSelector")) if isinstance(quota, Mapping) else None
     )
     return spec.get("namespaceSelector"), scoped
+
+
+def _share_as_written(
+    index: Mapping[str, Any], namespace: str, hard: Mapping[str, Quantity]
+) -> dict[str, Quantity] | None:
+    """``namespace``'s share from the status's :func:`cluster.namespace_index` (empty when
+    it is not listed: it used nothing); None when it must be calculated: it does not parse,
+    or names something ``hard`` does not."""
+    if namespace not in index:
+        return {}
+    try:
+        share = parse_resource_list(index[namespace], "status.namespaces[].used")
+    except ResourceListError:
+        return None
+    return share if share.keys() <= hard.keys() else None
 
 
 def namespace_labels(obj: Obj) -> dict[str, str]:

@@ -184,10 +184,15 @@ def build_status(
     used_by_namespace: Mapping[str, ResourceList],
     measured: Iterable[str],
     conditions: Iterable[Mapping[str, Any]] | None = None,
+    written: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The status a sync writes: ``total.used`` is the sum of the namespaces' ``used``, with
     a zero for every ``measured`` name (the hard names some evaluator measures) that no
-    namespace uses; ``conditions`` as given (none: no field)."""
+    namespace uses; ``conditions`` as given (none: no field). ``written``: namespaces whose
+    share is listed as the status read had it, text and all (:func:`namespace_index`; their
+    ``used_by_namespace`` entry is that text parsed): a sync that recalculated a few
+    namespaces formats only theirs."""
+    kept = written or {}
     total: dict[str, Quantity] = dict.fromkeys(measured, ZERO)
     for used in used_by_namespace.values():
         total = resources.add(total, used)
@@ -198,7 +203,14 @@ def build_status(
         # thousand namespaces the list would be mostly zeros, and every status write, each of
         # admission's charges included, carries the whole list.
         "namespaces": [
-            {"namespace": namespace, "status": {"used": resources.to_strings(used)}}
+            {
+                "namespace": namespace,
+                "status": {
+                    "used": dict(kept[namespace])
+                    if namespace in kept
+                    else resources.to_strings(used)
+                },
+            }
             for namespace, used in sorted(used_by_namespace.items())
             if not resources.is_zero(used)
         ],
@@ -283,24 +295,39 @@ def charged_status(
     of the namespaces. ``given_back_by_namespace``: charges ``cq``'s status holds for requests
     admission refused after writing them, which ``total_used`` no longer holds (the view was
     judged without them); each namespace's entry lowers by them. A namespace left using
-    nothing is not listed, as in :func:`build_status`."""
+    nothing is not listed, as in :func:`build_status`.
+
+    Only the namespaces charged or given back are parsed and formatted again; every other
+    entry is copied as written (one that does not parse, too: the next sync rewrites it). A
+    charge is on the path of a create, and a ClusterQuota over ten thousand namespaces would
+    otherwise parse and format all of them for each one."""
     status = dict(cq.get("status") or {})
-    by_namespace = namespace_used(cq)
+    index = namespace_index(cq)
+    changed: dict[str, dict[str, Quantity]] = {}
     for namespace, given in (given_back_by_namespace or {}).items():
-        share = by_namespace.get(namespace)
-        if share is not None:
-            by_namespace[namespace] = resources.subtract_non_negative(
+        if namespace in index:
+            share = share_in(index, namespace)
+            changed[namespace] = resources.subtract_non_negative(
                 share, resources.mask(given, share)
             )
     for namespace, charged in charged_by_namespace.items():
-        by_namespace[namespace] = resources.add(by_namespace.get(namespace, {}), charged)
+        share = changed[namespace] if namespace in changed else share_in(index, namespace)
+        changed[namespace] = resources.add(share, charged)
+    entries: dict[str, Mapping[str, str]] = {
+        namespace: dict(written)
+        for namespace, written in index.items()
+        if namespace not in changed and isinstance(written, Mapping) and written
+    }  # fmt: skip
+    entries.update(
+        (namespace, resources.to_strings(used))
+        for namespace, used in changed.items()
+        if not resources.is_zero(used)
+    )
     total = dict(status.get("total") or {})
     total["used"] = resources.to_strings(total_used)
     status["total"] = total
     status["namespaces"] = [
-        {"namespace": name, "status": {"used": resources.to_strings(used)}}
-        for name, used in sorted(by_namespace.items())
-        if not resources.is_zero(used)
+        {"namespace": name, "status": {"used": used}} for name, used in sorted(entries.items())
     ]
     # namespaceCount stays: it counts selected namespaces, listed or not (build_status).
     hard_list = status_total(cq, "hard") or {}
@@ -333,14 +360,19 @@ def raised_shares(old: Obj, new: Obj) -> dict[str, dict[str, Quantity]]:
     """What a status update raised in each namespace's share, per name the old total carried
     (a namespace not listed before used nothing of them). That is what a charge by admission
     looks like on the watch, whichever replica made it; a name new in the total is the
-    controller's first calculation, not a charge."""
+    controller's first calculation, not a charge.
+
+    Shares are compared as written and only those whose text changed are parsed: every status
+    event passes here, and a charge changes one namespace's share of thousands."""
     before_total = status_total(old, "used")
     if before_total is None:
         return {}
-    before, after = namespace_used(old), namespace_used(new)
+    before, after = namespace_index(old), namespace_index(new)
     raised: dict[str, dict[str, Quantity]] = {}
-    for namespace, used in after.items():
-        previous = before.get(namespace, {})
+    for namespace, written in after.items():
+        if namespace in before and before[namespace] == written:
+            continue
+        used, previous = share_in(after, namespace), share_in(before, namespace)
         grown = {
             name: value - previous.get(name, Quantity(0))
             for name, value in used.items()

@@ -112,6 +112,44 @@ def test_a_charge_grows_the_total_and_each_namespaces_share() -> None:
     assert ("pods 6/10", 3) == (status["mostUsed"], status["namespaceCount"])
 
 
+def test_a_charge_rewrites_only_the_shares_it_changed() -> None:
+    # "a" is written as no sync of tally's would write it (1000m is 1): a charge of "b" leaves
+    # it as it is, text and all, so a charge costs the same over ten thousand namespaces as
+    # over two. The next sync rewrites it.
+    cq = _cq(
+        {"requests.cpu": "10"},
+        {
+            "total": {"hard": {"requests.cpu": "10"}, "used": {"requests.cpu": "1500m"}},
+            "namespaces": [
+                {"namespace": "a", "status": {"used": {"requests.cpu": "1000m"}}},
+                {"namespace": "b", "status": {"used": {"requests.cpu": "500m"}}},
+            ],
+        },
+    )
+    status = cluster.charged_status(
+        cq, {"b": {"requests.cpu": q("1500m")}}, {"requests.cpu": q("3")}
+    )
+    assert [
+        {"namespace": "a", "status": {"used": {"requests.cpu": "1000m"}}},
+        {"namespace": "b", "status": {"used": {"requests.cpu": "2"}}},
+    ] == status["namespaces"]
+    assert {"requests.cpu": "3"} == status["total"]["used"]
+
+
+def test_build_status_lists_the_shares_given_as_written() -> None:
+    status = cluster.build_status(
+        {"requests.cpu": q("10")},
+        {"a": {"requests.cpu": q("1")}, "b": {"requests.cpu": q("2")}},
+        ["requests.cpu"],
+        written={"a": {"requests.cpu": "1000m"}},
+    )
+    assert [
+        {"namespace": "a", "status": {"used": {"requests.cpu": "1000m"}}},
+        {"namespace": "b", "status": {"used": {"requests.cpu": "2"}}},
+    ] == status["namespaces"]
+    assert {"requests.cpu": "3"} == status["total"]["used"]
+
+
 def test_a_charge_given_back_lowers_its_namespaces_share() -> None:
     # Admission judged the view without a pod of "b" charged for a request it then refused
     # (total 3 read as 2) and charges one pod of "a": the total it writes is 3, "a" grows to 3,

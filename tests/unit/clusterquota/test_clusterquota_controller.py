@@ -19,6 +19,7 @@ from tally.evaluators.base import GroupResource
 from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.registry import UsageError, new_registry
 from tally.machinery.cache import Store
+from tally.machinery.errors import Conflict
 from tally.measures import compile_measure
 
 pytestmark = pytest.mark.unit
@@ -178,9 +179,11 @@ async def test_a_measure_failing_on_an_object_turns_usage_computed_false_once() 
     await controller.sync_cluster_quota(cq)
     assert (1, 1) == (len(writer.writes), len(recorder.warnings))
     stores[DBS] = store
+    controller.enqueue_naming(DBS)  # what the wiring says when the kind's cache is ready
 
     # Fixed: computed again, True, no Event.
-    store.upsert(database("bad", 5, "2"))  # its watch event
+    store.upsert(database("bad", 5, "2"))  # its watch event, and its replenishment
+    controller.replenish(DBS, "a1")
     await controller.sync_cluster_quota(cq)
     fixed = writer.writes[-1]
     assert {STORAGE: "15"} == fixed["total"]["used"]
@@ -361,3 +364,136 @@ async def test_a_create_just_after_hard_gained_a_name_recalculates() -> None:
     assert {"pods": "2", "requests.cpu": "1"} == writer.writes[-1]["total"]["hard"]
     controller.newest = lambda obj: {**grown, "status": writer.writes[-1]}
     await _recalculated_within_the_window_only(controller, now, "a1")
+
+
+# -- a sync calculates the namespaces whose usage may have changed, and takes the others'
+# shares from the status as written
+
+
+def pod(namespace: str, name: str) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": namespace, "uid": f"u-{namespace}-{name}",
+                "resourceVersion": str(next(_VERSIONS))}  # fmt: skip
+    return {"metadata": metadata, "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running"}}  # fmt: skip
+
+
+class Shown:
+    """What the API shows of the ClusterQuota: the last status written (``newest``)."""
+
+    def __init__(self, controller: ClusterQuotaController, writer: Writer) -> None:
+        self.controller, self.writer = controller, writer
+        controller.newest = self
+
+    def __call__(self, cq: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {**cq, "status": self.writer.writes[-1]} if self.writer.writes else cq
+
+    async def sync(self) -> dict[str, str]:
+        """One sync as the queue runs it; the namespaces' ``pods`` as written."""
+        await self.controller._sync_key("team")
+        status = self.writer.writes[-1]
+        shares = {e["namespace"]: e["status"]["used"]["pods"] for e in status["namespaces"]}
+        return {"total": status["total"]["used"]["pods"], **shares}
+
+
+def _two_namespaces() -> tuple[ClusterQuotaController, Writer, Store[Any], Shown]:
+    """Pods: one in a1, two in a2 (both selected), one in b1 (not)."""
+    controller, writer, _ = _controller([True], [100.0])
+    for name in ("a2", "b1"):
+        labels = {"team": name[0]}
+        controller.namespaces.upsert({"metadata": {"name": name, "labels": labels}})
+    pods = controller.stores[PODS]
+    for namespace, name in (("a1", "p1"), ("a2", "p1"), ("a2", "p2"), ("b1", "p1")):
+        pods.upsert(pod(namespace, name))
+    return controller, writer, pods, Shown(controller, writer)
+
+
+async def test_a_sync_calculates_only_the_namespaces_named_and_the_resync_every_one() -> None:
+    controller, _, pods, shown = _two_namespaces()
+    assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()
+    # A pod created in a1, its replenishment; one of a2's deleted with no event seen (a status
+    # edited by hand looks the same): only a1 is calculated, a2's share is the status's.
+    pods.upsert(pod("a1", "p2"))
+    controller.replenish(PODS, "a1")
+    pods.delete(pod("a2", "p2"))
+    assert {"total": "4", "a1": "2", "a2": "2"} == await shown.sync()
+    # The full resync calculates every namespace.
+    controller._resync_one("team")
+    assert {"total": "3", "a1": "2", "a2": "1"} == await shown.sync()
+
+
+async def test_a_share_the_status_lists_wrongly_is_calculated() -> None:
+    controller, writer, _, shown = _two_namespaces()
+    await shown.sync()
+    status = writer.writes[-1]
+    broken = {**status, "namespaces": [
+        {"namespace": "a1", "status": {"used": {"pods": "1"}}},
+        {"namespace": "a2", "status": {"used": {"pods": "two"}}},  # does not parse
+        {"namespace": "b1", "status": {"used": {"pods": "1"}}},  # not selected
+    ]}  # fmt: skip
+    writer.writes.append(broken)
+    controller.replenish(PODS, "a1")
+    assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()
+
+
+async def test_a_sync_that_wrote_nothing_leaves_its_namespaces_to_the_next() -> None:
+    controller, writer, pods, shown = _two_namespaces()
+    await shown.sync()
+    pods.upsert(pod("a1", "p2"))
+    controller.replenish(PODS, "a1")
+
+    async def conflict(cq: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        raise Conflict("the object has been modified")
+
+    written = writer.update_status
+    writer.update_status = conflict  # type: ignore[method-assign]
+    with pytest.raises(Conflict):
+        await shown.sync()
+    writer.update_status = written  # type: ignore[method-assign]
+    assert {"total": "4", "a1": "2", "a2": "2"} == await shown.sync()
+
+
+async def test_namespaces_that_join_are_calculated_and_those_that_leave_dropped() -> None:
+    controller, _, _, shown = _two_namespaces()
+    await shown.sync()
+    _relabel(controller, "b1", "a")
+    assert {"total": "4", "a1": "1", "a2": "2", "b1": "1"} == await shown.sync()
+    _relabel(controller, "a2", "b")
+    assert {"total": "2", "a1": "1", "b1": "1"} == await shown.sync()
+
+
+async def test_what_else_calculates_again() -> None:
+    controller, _, pods, shown = _two_namespaces()
+    await shown.sync()
+    # A charge admission wrote for a pod in a2 that never came is released.
+    pods.delete(pod("a2", "p2"))
+    controller.recalculate("team", "a2")
+    assert {"total": "2", "a1": "1", "a2": "1"} == await shown.sync()
+    # The ledger hands back a sync it deferred while admission wrote: it keeps its namespaces.
+    pods.upsert(pod("a1", "p2"))
+    controller.replenish(PODS, "a1")
+    controller.recalculate("team", "")
+    assert {"total": "3", "a1": "2", "a2": "1"} == await shown.sync()
+    # A change of spec: every namespace.
+    pods.delete(pod("a1", "p2"))
+    cq = controller.cluster_quotas.get("", "team")
+    assert cq is not None
+    raised = {**cq, "metadata": {**cq["metadata"], "resourceVersion": "8"},
+              "spec": {**cq["spec"], "quota": {"hard": {"pods": "5"}}}}  # fmt: skip
+    change = controller.cluster_quotas.upsert(raised)
+    assert change is not None
+    controller.on_cluster_quota(change)
+    assert {"total": "2", "a1": "1", "a2": "1"} == await shown.sync()
+    # A kind's cache is ready (listed again): every namespace.
+    pods.upsert(pod("a2", "p2"))
+    controller.enqueue_naming(PODS)
+    assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()
+
+
+async def test_taking_the_lead_calculates_every_namespace() -> None:
+    # Another replica wrote the status meanwhile: none of it is taken as written.
+    controller, _, pods, shown = _two_namespaces()
+    await shown.sync()
+    pods.delete(pod("a2", "p2"))
+    controller.start()
+    await controller.stop()
+    assert {"total": "2", "a1": "1", "a2": "1"} == await shown.sync()
