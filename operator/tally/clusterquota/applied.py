@@ -254,6 +254,10 @@ class AppliedQuotaController:
         )  # fmt: skip
         self._busy: set[str] = set()
         """Keys being synced: one key is never synced by both pools at once."""
+        self._synced_since_move: dict[str, set[str]] = {}
+        """By ClusterQuota whose every object has been queued: the namespaces whose object
+        began a sync since its status last moved. (A follower's handlers queue too; its queue
+        is worked once it leads, and a process that loses the lead exits.)"""
         self._resync = SpreadResync(
             self.resync_keys, self.queue.add, resync_period, name="appliedclusterquota-resync",
             logger=logger,
@@ -275,14 +279,15 @@ class AppliedQuotaController:
         """Every namespace the ClusterQuota selects, and every one holding its applied object
         (a ClusterQuota that stops selecting a namespace leaves one to delete). A status
         write that moved only the total is a background refresh for the namespaces whose own
-        share it left as it was."""
-        namespaces = set(self._holding(change.name))
-        if change.new is None:
-            self._indexes.pop(change.name, None)
-        else:
-            namespaces.update(
-                ns for ns in self.namespaces.names_in("") if self.selects(change.new, ns)
-            )
+        share it left as it was.
+
+        Once all of them were queued, a status write (the spec as it was) queues only the
+        namespaces whose own share it changed and, as background refreshes, the objects whose
+        sync began since the ClusterQuota's status last moved: every other one is still
+        queued from then and reads the newest status when its turn comes. Each of admission's
+        charges is such a write; queueing every selected namespace for each cost 70-110 ms at
+        10 000."""
+        name = change.name
         old, new = change.old, change.new
         status_only = (
             change.kind is ChangeKind.UPDATED
@@ -290,13 +295,36 @@ class AppliedQuotaController:
             and new is not None
             and old.get("spec") == new.get("spec")
         )
+        synced = self._synced_since_move.get(name)
+        if status_only and synced is not None and old is not None and new is not None:
+            self._requeue_moved(name, old, new, synced)
+            return
+        namespaces = set(self._holding(name))
+        if new is None:
+            self._indexes.pop(name, None)
+            self._synced_since_move.pop(name, None)
+        else:
+            namespaces.update(ns for ns in self.namespaces.names_in("") if self.selects(new, ns))
+            self._synced_since_move[name] = set()
         # Shares as written, unparsed: tally writes them canonically, and parsing every
         # namespace's twice per status write cost O(namespaces) parses on each charge.
-        before = cluster.namespace_index(old) if status_only and old is not None else {}
+        before = self._index_of(old) if status_only and old is not None else {}
         after = self._index_of(new) if status_only and new is not None else {}
         for namespace in namespaces:
             same_share = status_only and before.get(namespace) == after.get(namespace)
-            self._enqueue(_key(namespace, change.name), background=same_share)
+            self._enqueue(_key(namespace, name), background=same_share)
+
+    def _requeue_moved(self, name: str, old: Obj, new: Obj, synced: set[str]) -> None:
+        """A status write of ClusterQuota ``name``: the namespaces whose share it changed
+        first, then those in ``synced`` (whose object read an older status)."""
+        before, after = self._index_of(old), self._index_of(new)
+        own = {namespace for namespace, share in after.items() if before.get(namespace) != share}
+        own.update(namespace for namespace in before if namespace not in after)
+        for namespace in own:
+            self._enqueue(_key(namespace, name))
+        for namespace in synced - own:
+            self._enqueue(_key(namespace, name), background=True)
+        synced.clear()
 
     def on_namespace(self, change: Change[Obj]) -> None:
         """A namespace appeared, was relabelled or went: its applied objects follow."""
@@ -376,6 +404,10 @@ class AppliedQuotaController:
             queue.add_after(key, BUSY_RETRY_S)  # the other pool has it: look again after
             return
         self._busy.add(key)
+        namespace, _, name = key.partition("/")
+        synced = self._synced_since_move.get(name)
+        if synced is not None:
+            synced.add(namespace)  # before it reads the ClusterQuota
         try:
             await self._sync(key)
         finally:

@@ -22,10 +22,12 @@ A sync calculates only the namespaces whose usage may have changed since this co
 computed the ClusterQuota's status (replenishment, a released charge, a namespace whose
 selection changed name them) and takes every other namespace's share from that status as
 written: at ten thousand selected namespaces, calculating them all took about 1.5 s of the one
-event loop, for each pod deleted anywhere. Every namespace is calculated again at the first
-sync (and the first after taking the lead), after a change of spec, when a kind's cache
-becomes ready, after a sync that failed or found errors, and at the full resync, which so
-also corrects a status someone else edited.
+event loop, for each pod deleted anywhere. Every namespace is calculated at the first sync
+(controllers run only in the leader, and a process that loses the lead exits: what a previous
+leader calculated is never taken as written), after a change of spec, when a kind's cache
+becomes ready, after a sync that found errors, and at the full resync, which so also corrects
+a status someone else edited. A sync that wrote nothing (a lost compare-and-swap) leaves its
+namespaces to the next.
 
 When an evaluator fails on an object (a measure whose expression fails on it), the sync still
 writes what it could compute, keeps the failed names' last values, and sets the status's
@@ -565,9 +567,6 @@ class ClusterQuotaController:
     # -- running
 
     def start(self) -> None:
-        # A status written while this controller did not run (another replica led) is
-        # computed anew, every namespace, before any share of it is taken as written.
-        self._changed.clear()
         self._pool.start()
         self._resync.start()
 

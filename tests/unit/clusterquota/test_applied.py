@@ -289,6 +289,59 @@ async def test_an_echo_of_a_write_waits_as_a_background_refresh_and_a_deletion_d
     assert (1, 0) == (len(controller.queue), len(controller.background))
 
 
+def _charge_in_a_api(status: Mapping[str, Any], pods: int, version: str) -> dict[str, Any]:
+    """``cq`` after a charge of one pod in a-api, its share now ``pods``."""
+    charged = json.loads(json.dumps(status))
+    charged["total"]["used"]["pods"] = str(int(charged["total"]["used"]["pods"]) + 1)
+    charged["namespaces"][0]["status"]["used"]["pods"] = str(pods)
+    return cq(charged, version=version)
+
+
+class Added:
+    """The keys a queue is handed (now or after a delay)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.keys: list[str] = []
+        add, add_after = queue.add, queue.add_after
+
+        def counting_add(key: str) -> None:
+            self.keys.append(key)
+            add(key)
+
+        def counting_add_after(key: str, delay: float) -> None:
+            self.keys.append(key)
+            add_after(key, delay)
+
+        queue.add, queue.add_after = counting_add, counting_add_after
+
+
+async def test_a_charge_queues_again_only_the_objects_synced_since_the_last_one() -> None:
+    now = [100.0]
+    current = [applied_object(cq(STATUS), ns) for ns in ("a-api", "a-web")]
+    controller, writer, cluster_quotas, _, _ = setup(now, current)
+    first = _charge_in_a_api(STATUS, 3, "8")
+    cluster_quotas.upsert(first)
+    controller.on_cluster_quota(Change("", "shared", cq(STATUS), first, ChangeKind.UPDATED))
+    foreground, background = Added(controller.queue), Added(controller.background)
+    # Both objects are still queued: a second charge queues a-api's own share, nothing else.
+    second = _charge_in_a_api(first["status"], 4, "9")
+    cluster_quotas.upsert(second)
+    controller.on_cluster_quota(Change("", "shared", first, second, ChangeKind.UPDATED))
+    assert (["a-api/shared"], []) == (foreground.keys, background.keys)
+    await drain(controller)
+    assert sorted(writer.calls) == [("replace", "a-api"), ("replace", "a-web")]
+    # Both were synced since: a third charge queues a-web again, as a background refresh,
+    # and it shows the new total.
+    now[0] += 10
+    third = _charge_in_a_api(second["status"], 5, "10")
+    cluster_quotas.upsert(third)
+    controller.on_cluster_quota(Change("", "shared", second, third, ChangeKind.UPDATED))
+    assert (["a-api/shared", "a-api/shared"], ["a-web/shared"]) == (
+        foreground.keys,
+        background.keys,
+    )
+
+
 async def test_objects_for_many_namespaces_parse_each_share_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
