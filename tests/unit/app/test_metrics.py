@@ -220,6 +220,29 @@ def test_cluster_quota_series_follow_each_status() -> None:
     assert (cpu("team-a"), cpu("team-b")) == (0.75, 1.0)
     metrics.cluster_quota_synced("team", status("750m", None))
     assert (cpu("team-a"), cpu("team-b")) == (0.75, None)
+    # pods is limited too, then no longer: its series come and go, in the total and the share.
+    with_pods = status("750m", None)
+    with_pods["total"]["hard"]["pods"] = "10"
+    with_pods["total"]["used"]["pods"] = "2"
+    with_pods["namespaces"][0]["status"]["used"]["pods"] = "2"
+
+    def pods(namespace: str) -> float | None:
+        return sample(
+            metrics, share, name="team", namespace=namespace, resource="pods", type="used"
+        )
+
+    metrics.cluster_quota_synced("team", with_pods)
+    assert (2.0, 10.0, 2.0) == (
+        pods("team-a"),
+        sample(metrics, usage, name="team", resource="pods", type="hard"),
+        sample(metrics, usage, name="team", resource="pods", type="used"),
+    )
+    metrics.cluster_quota_synced("team", status("750m", None))
+    assert (None, None, 0.75) == (
+        pods("team-a"),
+        sample(metrics, usage, name="team", resource="pods", type="hard"),
+        cpu("team-a"),
+    )
     metrics.cluster_quota_deleted("team")
     assert cpu("team-a") is None
     assert sample(metrics, usage, name="team", resource="requests.cpu", type="hard") is None
