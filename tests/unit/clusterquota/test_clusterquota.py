@@ -57,6 +57,19 @@ def test_status_total_is_the_sum_of_the_namespaces_sorted() -> None:
     assert "pods 3/10" == status["mostUsed"]
 
 
+def test_the_total_is_written_in_the_format_upstreams_add_keeps() -> None:
+    # Upstream Add keeps the receiver's format, unless the receiver is zero: the total takes
+    # the format of the first namespace (in order) that uses something of the name.
+    def total(*shares: str) -> str:
+        used = {f"n{index}": {"requests.memory": q(text)} for index, text in enumerate(shares)}
+        status = cluster.build_status({"requests.memory": q("1Ti")}, used, ["requests.memory"])
+        return str(status["total"]["used"]["requests.memory"])
+
+    assert "1536Mi" == total("0", "1Gi", "512Mi")  # 0 is DecimalSI, then zero adopts BinarySI
+    assert "1073742824" == total("1k", "1Gi")  # DecimalSI first: 1000 + 1073741824
+    assert "0" == total()
+
+
 def test_namespaces_that_use_nothing_are_counted_not_listed() -> None:
     status = cluster.build_status(
         {"pods": q("5")}, {"a": {"pods": q("0")}, "b": {"pods": q("1")}}, ["pods"]
