@@ -197,6 +197,9 @@ class ClusterQuotaController:
         # Parsed selectors by ClusterQuota name, with the resourceVersion they were parsed at.
         # Entries leave with their ClusterQuota.
         self._selectors: dict[str, tuple[str, LabelSelector | None]] = {}
+        # By ClusterQuota: the shares its last sync took as written, parsed, with their text
+        # (the next sync parses only those whose text changed).
+        self._parsed: dict[str, dict[str, tuple[Mapping[str, Any], dict[str, Quantity]]]] = {}
         # By ClusterQuota whose status a sync of this controller computed: the spec it was
         # computed for, and the namespaces whose usage may have changed since (the next sync
         # calculates those alone). A ClusterQuota not here has every namespace calculated.
@@ -241,6 +244,7 @@ class ClusterQuotaController:
             self._selectors.pop(change.name, None)
             self._first_status_waits.pop(change.name, None)
             self._changed.pop(change.name, None)
+            self._parsed.pop(change.name, None)
             if self.observer is not None:
                 self.observer.cluster_quota_deleted(change.name)
             if self.charges is not None:
@@ -399,11 +403,13 @@ class ClusterQuotaController:
         errors: dict[str, list[Exception]] = {}
         used_by_namespace: dict[str, dict[str, Quantity]] = {}
         written: dict[str, Mapping[str, Any]] = {}
+        parsed_before = self._parsed.pop(name, {}) if changed is not None else {}
+        parsed: dict[str, tuple[Mapping[str, Any], dict[str, Quantity]]] = {}
         for namespace in self.namespaces.names_in(""):
             if not chosen.matches(self.namespaces.get("", namespace)):
                 continue
             if changed is not None and namespace not in changed:
-                share = _share_as_written(index, namespace, hard)
+                share = _share_as_written(index, namespace, hard, parsed_before, parsed)
                 if share is not None:
                     used_by_namespace[namespace] = share
                     if share:
@@ -435,6 +441,7 @@ class ClusterQuotaController:
             if isinstance(spec, Mapping) and spec.get("name") in hard
             and spec.get("name") not in answered
         ]  # fmt: skip
+        self._parsed[name] = parsed
         return Calculation(
             hard, used_by_namespace, written, errors, sorted({*unstored, *unmeasured})
         )
@@ -592,18 +599,32 @@ def _selection(spec: Any) -> Any:
 
 
 def _share_as_written(
-    index: Mapping[str, Any], namespace: str, hard: Mapping[str, Quantity]
+    index: Mapping[str, Any],
+    namespace: str,
+    hard: Mapping[str, Quantity],
+    parsed_before: Mapping[str, tuple[Mapping[str, Any], dict[str, Quantity]]],
+    parsed: dict[str, tuple[Mapping[str, Any], dict[str, Quantity]]],
 ) -> dict[str, Quantity] | None:
     """``namespace``'s share from the status's :func:`cluster.namespace_index` (empty when
     it is not listed: it used nothing); None when it must be calculated: it does not parse,
-    or names something ``hard`` does not."""
+    or names something ``hard`` does not. ``parsed_before``: shares the last sync parsed,
+    with their text (one whose text is the same is not parsed again); what this one parsed
+    goes into ``parsed``."""
     if namespace not in index:
         return {}
-    try:
-        share = parse_resource_list(index[namespace], "status.namespaces[].used")
-    except ResourceListError:
+    written = index[namespace]
+    before = parsed_before.get(namespace)
+    if before is not None and before[0] == written:
+        share = before[1]
+    else:
+        try:
+            share = parse_resource_list(written, "status.namespaces[].used")
+        except ResourceListError:
+            return None
+    if not share.keys() <= hard.keys():
         return None
-    return share if share.keys() <= hard.keys() else None
+    parsed[namespace] = (written, share)
+    return share
 
 
 def namespace_labels(obj: Obj) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tally.clusterquota import quota as cluster
 from tally.clusterquota.controller import (
     FIRST_STATUS_WAIT_S,
     ClusterQuotaController,
@@ -21,6 +22,7 @@ from tally.evaluators.registry import UsageError, new_registry
 from tally.machinery.cache import Store
 from tally.machinery.errors import Conflict
 from tally.measures import compile_measure
+from tally.quota.quantity import Quantity
 
 pytestmark = pytest.mark.unit
 
@@ -433,6 +435,22 @@ async def test_a_share_the_status_lists_wrongly_is_calculated() -> None:
     writer.writes.append(broken)
     controller.replenish(PODS, "a1")
     assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()
+
+
+async def test_a_share_admission_charged_since_is_read_as_now_written() -> None:
+    controller, writer, _, shown = _two_namespaces()
+    await shown.sync()
+    controller.replenish(PODS, "a1")
+    assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()  # a2 taken as written
+    # Admission charges a pod in a2 (its object not in the caches yet): the status says 3.
+    charged = cluster.charged_status(
+        shown(controller.cluster_quotas.get("", "team") or {}),
+        {"a2": {"pods": Quantity.parse("1")}},
+        {"pods": Quantity.parse("4")},
+    )
+    writer.writes.append(charged)
+    controller.replenish(PODS, "a1")
+    assert {"total": "4", "a1": "1", "a2": "3"} == await shown.sync()
 
 
 async def test_a_sync_that_wrote_nothing_leaves_its_namespaces_to_the_next() -> None:
