@@ -195,7 +195,7 @@ async def measure(
         for name in chosen:
             await run.until(
                 f"/api/v1/namespaces/{name}/resourcequotas/q",
-                lambda q: ((q.get("status") or {}).get("used") or {}).get("pods") == "0",
+                lambda q: ((q.get("status") or {}).get("used") or {}).get("pods") == str(fill),
                 "a quota's status",
             )
         print("measuring: ResourceQuotas ...", file=sys.stderr, flush=True)
@@ -243,6 +243,18 @@ async def measure(
         deletes: dict[str, Any] | None = None
         if fill:
             print("measuring: deletes elsewhere ...", file=sys.stderr, flush=True)
+            room = created + 2 * int(probe_rate * probe_s) + 1  # none is refused by the quota
+            await raw.merge_patch(
+                f"{CQ_PATH}/{CQ}", {"spec": {"quota": {"hard": {"pods": str(room)}}}}
+            )
+            await run.until(
+                f"{CQ_PATH}/{CQ}",
+                lambda cq: (
+                    ((cq.get("status") or {}).get("total") or {}).get("hard", {}).get("pods")
+                    == str(room)
+                ),
+                "the new limit in the status",
+            )
             rng = random.Random(7)
             quiet = await run.probe(chosen, probe_rate, probe_s, rng)
             victims = rng.sample(names, min(len(names), int(delete_rate * probe_s)))
