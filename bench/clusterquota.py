@@ -141,6 +141,15 @@ class Run:
     async def until(self, path: str, done: Any, what: str) -> float:
         return await until(self.raw, path, done, what, within=WAIT_S)
 
+    async def total_shows(self, field: str, pods: int, what: str) -> float:
+        """Until the ClusterQuota's ``status.total.<field>.pods`` is ``pods``."""
+
+        def done(cq: dict[str, Any]) -> bool:
+            total = (cq.get("status") or {}).get("total") or {}
+            return bool((total.get(field) or {}).get("pods") == str(pods))
+
+        return await self.until(f"{CQ_PATH}/{CQ}", done, what)
+
 
 async def measure(
     kubeconfig: str, tally_pid: int, namespaces: int, targets: int, creates: int, clients: int,
@@ -219,26 +228,12 @@ async def measure(
                 },
             },
         )
-        await run.until(
-            f"{CQ_PATH}/{CQ}",
-            lambda cq: (
-                ((cq.get("status") or {}).get("total") or {}).get("used", {}).get("pods")
-                == str(existing)
-            ),
-            "the ClusterQuota's first status",
-        )
+        await run.total_shows("used", existing, "the ClusterQuota's first status")
         print("measuring: ClusterQuota ...", file=sys.stderr, flush=True)
         await run.creates(clients * 2, chosen)  # warm-up
         cq = await run.creates(creates, chosen)
         created = await run.pods()
-        converged = await run.until(
-            f"{CQ_PATH}/{CQ}",
-            lambda cq: (
-                ((cq.get("status") or {}).get("total") or {}).get("used", {}).get("pods")
-                == str(created)
-            ),
-            "the total to equal the pods",
-        )
+        converged = await run.total_shows("used", created, "the total to equal the pods")
         # Deletes elsewhere: every one a recalculation of the ClusterQuota.
         deletes: dict[str, Any] | None = None
         if fill:
@@ -247,14 +242,7 @@ async def measure(
             await raw.merge_patch(
                 f"{CQ_PATH}/{CQ}", {"spec": {"quota": {"hard": {"pods": str(room)}}}}
             )
-            await run.until(
-                f"{CQ_PATH}/{CQ}",
-                lambda cq: (
-                    ((cq.get("status") or {}).get("total") or {}).get("hard", {}).get("pods")
-                    == str(room)
-                ),
-                "the new limit in the status",
-            )
+            await run.total_shows("hard", room, "the new limit in the status")
             rng = random.Random(7)
             quiet = await run.probe(chosen, probe_rate, probe_s, rng)
             victims = rng.sample(names, min(len(names), int(delete_rate * probe_s)))
@@ -262,14 +250,7 @@ async def measure(
                 run.probe(chosen, probe_rate, probe_s, rng), run.delete_fill(victims, delete_rate)
             )
             remaining = await run.pods()
-            await run.until(
-                f"{CQ_PATH}/{CQ}",
-                lambda cq: (
-                    ((cq.get("status") or {}).get("total") or {}).get("used", {}).get("pods")
-                    == str(remaining)
-                ),
-                "the total to drop by the deletions",
-            )
+            await run.total_shows("used", remaining, "the total to drop by the deletions")
             deletes = {
                 "rate_per_s": delete_rate,
                 "deleted": len(victims),
@@ -283,14 +264,7 @@ async def measure(
         await raw.merge_patch(
             f"{CQ_PATH}/{CQ}", {"spec": {"quota": {"hard": {"pods": str(created + headroom)}}}}
         )
-        await run.until(
-            f"{CQ_PATH}/{CQ}",
-            lambda cq: (
-                ((cq.get("status") or {}).get("total") or {}).get("hard", {}).get("pods")
-                == str(created + headroom)
-            ),
-            "the new limit in the status",
-        )
+        await run.total_shows("hard", created + headroom, "the new limit in the status")
         burst = await run.creates(2 * headroom, names)
         after = await run.pods()
         rss, _ = memory_of(tally_pid)
