@@ -26,7 +26,10 @@ replenish):
 * one more namespace of pods to delete, under a quota of its own, for replenishment: pods are
   deleted one at a time at Poisson times (``--delete-rate``, default 2/s), each latency from
   just before its DELETE to the arrival, on a watch of that quota opened at the start, of the
-  status whose ``used.pods`` shows it (as ``bench/replenish.py`` measures it).
+  status whose ``used.pods`` shows it (as ``bench/replenish.py`` measures it). Each is also
+  split, on a watch of that namespace's pods: the DELETE's own answer, and the time from the
+  first event showing the deletion (its ``deletionTimestamp``) to that status, which is what
+  the quota system adds (the two watches are separate streams of the same API server).
 * creates at Poisson times (``--create-rate``, default 15/s; ``bench/_open_loop.py``: latency
   from each create's *scheduled* time, so a stall shows in every create scheduled during it),
   round robin over the namespaces; the same schedule on both sides.
@@ -254,6 +257,11 @@ class Record:
     send_lags: list[float] = field(default_factory=list)
     replenish: list[float] = field(default_factory=list)
     """Delete -> a status of the quota showing it."""
+    delete_answered: list[float] = field(default_factory=list)
+    """Delete -> the API server's answer to it."""
+    replenish_seen: list[float] = field(default_factory=list)
+    """The deletion's first watch event -> a status of the quota showing it (the quota system's
+    reaction; negative when the status arrived first, the two watches being separate streams)."""
     updates: int = 0
     update_seconds: float = 0.0
     update_latencies_ms: list[float] = field(default_factory=list)
@@ -304,6 +312,13 @@ class Record:
                 "replenish_p50_ms": percentile(self.replenish, 0.50) * 1000,
                 "replenish_p99_ms": percentile(self.replenish, 0.99) * 1000,
                 "replenish_max_ms": max(self.replenish) * 1000,
+            }
+        if self.delete_answered:
+            summary["delete_answered_p50_ms"] = percentile(self.delete_answered, 0.50) * 1000
+        if self.replenish_seen:
+            summary |= {
+                "replenish_seen_p50_ms": percentile(self.replenish_seen, 0.50) * 1000,
+                "replenish_seen_p99_ms": percentile(self.replenish_seen, 0.99) * 1000,
             }
         if self.update_seconds:
             summary |= {
@@ -414,6 +429,10 @@ def figures_of(
                up["churn"]["replenish_p50_ms"], target=goal["replenishment p50 under churn"]),
         Figure("replenishment p99, under churn", "ms", ta["churn"]["replenish_p99_ms"],
                up["churn"]["replenish_p99_ms"]),
+        Figure("replenishment p50 from the deletion's watch event, under churn", "ms",
+               ta["churn"]["replenish_seen_p50_ms"], up["churn"]["replenish_seen_p50_ms"]),
+        Figure("DELETE answered p50, under churn", "ms", ta["churn"]["delete_answered_p50_ms"],
+               up["churn"]["delete_answered_p50_ms"]),
         Figure("CPU per status update: tally vs kube-controller-manager", "ms",
                status_cpu["tally"], kcm, reference_name="kube-controller-manager"),
         Figure("CPU per status update: tally vs a Kopf pod watch", "ms", status_cpu["tally"],
@@ -560,6 +579,54 @@ def first_at_most(history: list[tuple[float, int]], to: int, since: float) -> fl
     return None
 
 
+def shows_deletion(event_type: str, metadata: dict[str, Any]) -> bool:
+    """Whether a pod's watch event shows it deleted: DELETED, or a ``deletionTimestamp``."""
+    return event_type == "DELETED" or bool(metadata.get("deletionTimestamp"))
+
+
+class DeletionWatch:
+    """When each pod of one namespace was first seen deleted on a watch: the event that sets
+    its ``deletionTimestamp`` (from which on a quota no longer counts a pod deleted without a
+    grace period), or its DELETED event if that came first."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.seen: dict[str, float] = {}
+        self.changed = asyncio.Condition()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            stream = watch.Watch().stream(
+                self.core.list_namespaced_pod, self.namespace, timeout_seconds=3600
+            )
+            async for event in stream:
+                arrived = time.perf_counter()
+                metadata = event["raw_object"].get("metadata") or {}
+                name = metadata.get("name")
+                if name in self.seen or not shows_deletion(event["type"], metadata):
+                    continue
+                async with self.changed:
+                    self.seen[name] = arrived
+                    self.changed.notify_all()
+
+    async def deleted(self, name: str) -> float:
+        """When ``name``'s deletion was first seen."""
+        async with asyncio.timeout(WAIT_S), self.changed:
+            await self.changed.wait_for(lambda: name in self.seen)
+        return self.seen[name]
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
 ANSWER_LIMIT = 2**26
 """The longest line the patcher may answer: each run's answer holds every update's latency
 (about 7 bytes each), past asyncio's default 64 KiB at 250/s for 40 s."""
@@ -649,6 +716,7 @@ class Side:
         """The processes whose CPU each block records."""
         self.plan = plan
         self.watch = QuotaWatch(api, REPLENISH_NAMESPACE, QUOTA)
+        self.deletions = DeletionWatch(api, REPLENISH_NAMESPACE)
         self.patcher = Patcher(plane.kubeconfig, plan.names, plan.clients)
         self.records: dict[str, Record] = {}
         self.created = 0
@@ -692,6 +760,7 @@ class Side:
             await self.floor.until_reviewed(self.create, lambda: self.refusals[-1])
             return
         self.watch.start()
+        self.deletions.start()
         room = 100_000
         for name in names:
             pods = hard.get(name) or room
@@ -769,13 +838,16 @@ class Side:
         async with self.deleting:
             index = self.deleted
             self.deleted += 1
+            name = f"p{index:05d}"
             started = time.perf_counter()
             await self.raw.call(
-                "DELETE", f"/api/v1/namespaces/{REPLENISH_NAMESPACE}/pods/p{index:05d}",
+                "DELETE", f"/api/v1/namespaces/{REPLENISH_NAMESPACE}/pods/{name}",
                 query=[("gracePeriodSeconds", "0")],
             )  # fmt: skip
+            record.delete_answered.append(time.perf_counter() - started)
             arrived = await self.watch.lowered(self.replenish_pods - index - 1, started)
             record.replenish.append(arrived - started)
+            record.replenish_seen.append(arrived - await self.deletions.deleted(name))
 
     async def block(self, record: Record, block: Block) -> None:
         """One block: its creates and deletes at their scheduled times, the patcher if it
@@ -955,6 +1027,7 @@ async def measure(
         for side in sides:
             await side.patcher.stop()
             await side.watch.stop()
+            await side.deletions.stop()
             await side.api.close()
     return sides, hard, quotas
 
@@ -990,6 +1063,16 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
             print(f"{label + ', ' + name:22}{s['creates']:>8}{ms(s['create_p50_ms']):>12}"
                   f"{ms(s['create_p99_ms']):>12}{ms(s['create_p99_9_ms']):>12}"
                   f"{s['refused']:>8}{rate:>11}{replenish}")  # fmt: skip
+    for label, summary in summaries.items():
+        split = [
+            f"{name}: the DELETE answered {s['delete_answered_p50_ms']:.1f} ms, from the "
+            f"deletion's watch event {s['replenish_seen_p50_ms']:.1f} / "
+            f"{s['replenish_seen_p99_ms']:.1f} ms"
+            for name in LATENCY_PHASES
+            if "replenish_seen_p50_ms" in (s := summary["phases"][name])
+        ]  # fmt: skip
+        if split:
+            print(f"{label}: replenishment p50 (p99), " + "; ".join(split))
     for label, summary in summaries.items():
         status = summary["phases"]["status only"]
         print(f"{label}: status only {status['updates_per_s']:.0f} updates/s "

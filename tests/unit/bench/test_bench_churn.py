@@ -78,6 +78,8 @@ def test_a_phase_summary_has_nearest_rank_percentiles_of_what_ran_in_it() -> Non
     record.send_lags = [0.0] * 990 + [0.005] * 10
     record.refused = 4
     record.replenish = [0.010, 0.020, 0.030, 0.040]
+    record.delete_answered = [0.004, 0.002, 0.008]
+    record.replenish_seen = [0.006, -0.001, 0.003, 0.012]
     record.add_updates({"updates": 9000, "seconds": 30.0, "latencies_ms": [5.0, 7.0, 9.0],
                         "skipped": 12, "errors": {"429": 2}})  # fmt: skip
     record.add_updates({"updates": 3000, "seconds": 30.0, "latencies_ms": [11.0],
@@ -94,7 +96,8 @@ def test_a_phase_summary_has_nearest_rank_percentiles_of_what_ran_in_it() -> Non
         "create_p50_ms": 500.0, "create_p99_ms": 990.0, "create_p99_9_ms": 999.0,
         "create_max_ms": 1000.0, "send_lag_p99_ms": 0.0,
         "deletes": 4, "replenish_p50_ms": 20.0, "replenish_p99_ms": 40.0,
-        "replenish_max_ms": 40.0,
+        "replenish_max_ms": 40.0, "delete_answered_p50_ms": 4.0,
+        "replenish_seen_p50_ms": 3.0, "replenish_seen_p99_ms": 12.0,
         "updates": 12000, "updates_per_s": 200.0, "update_skipped": 12,
         "update_p50_ms": 7.0, "update_p99_ms": 11.0,
     } == pytest.approx(summary)  # fmt: skip
@@ -157,7 +160,8 @@ def side(create_p99: float, replenish_p50: float, cpu: dict[str, float]) -> dict
     def phase(p50: float, p99: float, replenish: float) -> dict[str, float]:
         return {"create_p50_ms": p50, "create_p99_ms": p99, "create_p99_9_ms": p99 * 1.2,
                 "updates_per_s": 200.0, "replenish_p50_ms": replenish,
-                "replenish_p99_ms": replenish * 2}  # fmt: skip
+                "replenish_p99_ms": replenish * 2, "replenish_seen_p50_ms": replenish / 4,
+                "delete_answered_p50_ms": replenish / 2}  # fmt: skip
 
     return {
         "phases": {"calm": phase(10.0, 30.0, 15.0),
@@ -211,6 +215,11 @@ def test_the_figures_compare_tally_with_upstream_kcm_and_the_kopf_watch() -> Non
         by_name["CPU per status update: tally vs a Kopf pod watch"]
     )
     assert "<= 1.0x" == by_name["replenishment p50, under churn"][3]
+    # The split has no target of its own: the target stays on the whole replenishment.
+    assert (27.5, 25.0, "upstream", None) == (
+        by_name["replenishment p50 from the deletion's watch event, under churn"]
+    )
+    assert (55.0, 50.0, "upstream", None) == by_name["DELETE answered p50, under churn"]
     assert ["status updates reached, under churn"] == [
         f.name for f in figures if f.better != "lower"
     ]
@@ -291,6 +300,15 @@ def test_only_the_tight_quotas_refusals_are_expected() -> None:
         "churn-2 500: Internal error occurred: failed calling webhook",
     ]
     assert refusals[2:] == churn.refusal_problems(refusals, "churn-2")
+
+
+def test_a_deletion_shows_as_its_deletion_timestamp_or_its_deleted_event() -> None:
+    assert churn.shows_deletion(
+        "MODIFIED", {"name": "p", "deletionTimestamp": "2026-11-29T13:00:00Z"}
+    )
+    assert churn.shows_deletion("DELETED", {"name": "p"})
+    assert not churn.shows_deletion("MODIFIED", {"name": "p"})
+    assert not churn.shows_deletion("ADDED", {"name": "p", "deletionTimestamp": None})
 
 
 def test_the_replenishment_watch_finds_the_first_status_after_the_delete() -> None:
