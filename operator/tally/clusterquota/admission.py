@@ -56,8 +56,18 @@ class ClusterQuotaBinding:
         ]
 
     async def refresh(self, view: Obj) -> None:
-        """Read the ClusterQuota ``view`` stands for from the API; the next views use it."""
-        await self._writer.refresh(str((view.get("metadata") or {}).get("name") or ""))
+        """Read the ClusterQuota ``view`` stands for from the API; the next views use it.
+        Not when a newer copy than the view's is known already (the write that won was this
+        process's, the usage controller's say, or the watch has delivered it): the retry
+        judges that one, and a read of the object, as large as its list of namespaces, would
+        only repeat it."""
+        metadata = view.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        cached = self._cluster_quotas.get("", name)
+        known = (self._writer.freshest(cached).get("metadata") or {}) if cached is not None else {}
+        if cached is not None and known.get("resourceVersion") != metadata.get("resourceVersion"):
+            return
+        await self._writer.refresh(name)
 
     async def write(
         self,
