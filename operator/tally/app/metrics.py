@@ -61,6 +61,7 @@ address. Left out: a certificate of the operator's own (mounted files) and clien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import os
@@ -216,6 +217,14 @@ class Metrics:
             ["name", "namespace", "resource", "type"],
             registry=self.registry,
         )
+        self.cluster_quota_status_bytes = Gauge(
+            "tally_clusterquota_status_bytes",
+            "The size of the status a ClusterQuota's last sync wrote or tried to write (JSON, "
+            "bytes): it grows with every namespace listed, and the API server refuses an "
+            "object past etcd's request limit (1.5 MiB by default).",
+            ["name"],
+            registry=self.registry,
+        )
         self.cluster_quota_condition = Gauge(
             "tally_clusterquota_status_condition",
             "1 for a ClusterQuota condition's current status, 0 for the others (the shape of "
@@ -342,7 +351,12 @@ class Metrics:
             self._remove_cluster_condition(name, gone)
         self._cluster_conditions[name] = conditions
 
+    def cluster_quota_status_size(self, name: str, size: int) -> None:
+        self.cluster_quota_status_bytes.labels(name).set(size)
+
     def cluster_quota_deleted(self, name: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.cluster_quota_status_bytes.remove(name)
         totals, shares = self._cluster_series.pop(name, ({}, {}))
         for resource, kind in totals:
             self.cluster_quota_usage.remove(name, resource, kind)

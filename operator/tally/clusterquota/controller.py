@@ -85,6 +85,19 @@ FIRST_STATUS_WAIT_S: Final = 10.0
 """The longest a new ClusterQuota's first status waits for tally's webhook rules to cover what
 it limits (they are applied within a few hundred milliseconds when the API is healthy)."""
 FIRST_STATUS_RECHECK_S: Final = 0.1
+STATUS_BYTES_WARNING: Final = 1 << 20
+"""A status this large (bytes of JSON) is reported: a Warning Event on the ClusterQuota and a
+warning in the log when it grows past it, ``tally_clusterquota_status_bytes`` always. The API
+server refuses the whole object past etcd's request limit (1.5 MiB by default; 2 MiB for its
+gRPC messages, 3 MiB for a request body), and then no status can be written, nor any charge:
+every create the ClusterQuota covers fails. Each namespace that uses something is listed: 10 000
+of them with five names is 1.3-1.9 MB."""
+SIZE_EVERY_SYNC_BELOW: Final = 1000
+SIZE_PERIOD_S: Final = 30.0
+"""A status listing fewer namespaces than ``SIZE_EVERY_SYNC_BELOW`` is measured at every sync
+(a few milliseconds at most); a longer one at most every ``SIZE_PERIOD_S``: measuring means
+encoding it, 20-40 ms of the loop at 10 000 namespaces, beside a sync that already costs ten
+times that. The size is read by an alert that waits ten minutes."""
 
 
 class ClusterQuotaStatusWriter(Protocol):
@@ -102,6 +115,10 @@ class WarningRecorder(Protocol):
 
 class SyncObserver(Protocol):
     def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    def cluster_quota_status_size(self, name: str, size: int) -> None:
+        """The size in bytes of the status a sync is about to write."""
+        ...
 
     def cluster_quota_deleted(self, name: str) -> None: ...
 
@@ -184,6 +201,10 @@ class ClusterQuotaController:
         for a changed selector or scopes (see :meth:`replenish`)."""
         self.newest = newest
         self.observer = observer
+        self._large: set[str] = set()
+        """ClusterQuotas whose last status was reported as large (:data:`STATUS_BYTES_WARNING`)."""
+        self._sized: dict[str, float] = {}
+        """When each ClusterQuota's status was last measured (:data:`SIZE_PERIOD_S`)."""
         self.queue: RateLimitingQueue[str] = RateLimitingQueue(
             default_controller_rate_limiter(), name=QUEUE, metrics_provider=metrics_provider
         )
@@ -245,6 +266,8 @@ class ClusterQuotaController:
             self._first_status_waits.pop(change.name, None)
             self._changed.pop(change.name, None)
             self._parsed.pop(change.name, None)
+            self._large.discard(change.name)
+            self._sized.pop(change.name, None)
             if self.observer is not None:
                 self.observer.cluster_quota_deleted(change.name)
             if self.charges is not None:
@@ -500,6 +523,7 @@ class ClusterQuotaController:
             hard, calculation.used, self.measured(hard), [computed], calculation.written
         )
         written_names = set(cluster.status_total(cq, "hard") or {})
+        await self._report_size(cq, status)
         try:
             wrote = await self._write_status(cq, status, calculation.errors)
         except BaseException:
@@ -545,6 +569,33 @@ class ClusterQuotaController:
             for namespace, errors in sorted((errors_by_namespace or {}).items()):
                 await self._warn_namespace(cq, namespace, reason, errors)
         return True
+
+    async def _report_size(self, cq: Obj, status: Mapping[str, Any]) -> None:
+        """Report the size of ``status`` before it is written (a write too large fails), and
+        warn when it grows past :data:`STATUS_BYTES_WARNING` (once, until it is smaller)."""
+        name = cluster.name_of(cq)
+        listed = len(status.get("namespaces") or [])
+        now = self._clock()
+        last = self._sized.get(name)
+        if listed >= SIZE_EVERY_SYNC_BELOW and last is not None and now - last < SIZE_PERIOD_S:
+            return
+        self._sized[name] = now
+        size = cluster.status_bytes(status)
+        if self.observer is not None:
+            self.observer.cluster_quota_status_size(name, size)
+        if size < STATUS_BYTES_WARNING:
+            self._large.discard(name)
+            return
+        if name in self._large:
+            return
+        self._large.add(name)
+        message = (
+            f"its status is {size} bytes, listing {listed} namespaces; the API server refuses an "
+            "object past etcd's request limit (1.5 MiB by default), and then neither its usage "
+            "nor any charge can be written: select fewer namespaces, or split it"
+        )
+        logger.warning("cluster quota %s: %s", name, message)
+        await self._warn(cq, "StatusLarge", message)
 
     async def _warn_namespace(
         self, cq: Obj, namespace: str, reason: str, errors: list[Exception]

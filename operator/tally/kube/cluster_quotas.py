@@ -9,6 +9,7 @@ a total that misses its own last charge).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
@@ -16,7 +17,7 @@ from kubernetes_asyncio import client
 
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites
-from tally.machinery.errors import Conflict, NotFound
+from tally.machinery.errors import Conflict, NotFound, TooLarge
 from tally.quota.identity import QuotaKey, cluster_quota_key
 
 Obj = Mapping[str, Any]
@@ -34,6 +35,31 @@ class WriteTracker(Protocol):
     def writing(self, key: QuotaKey) -> None: ...
 
     def wrote(self, key: QuotaKey, stored: Obj | None) -> None: ...
+
+
+TOO_LARGE_MESSAGES: Final = ("request is too large", "larger than max")
+"""What the API server answers (500) when etcd refuses an object for its size: etcd's request
+limit ("etcdserver: request is too large", 1.5 MiB by default) or its gRPC message limit
+("trying to send message larger than max", 2 MiB). Past its own body limit (3 MiB) it answers
+413."""
+
+
+def too_large(error: client.ApiException) -> bool:
+    """Whether the API server refused a write for the object's size."""
+    if error.status == 413:
+        return True
+    return error.status == 500 and any(text in _message(error) for text in TOO_LARGE_MESSAGES)
+
+
+def _message(error: client.ApiException) -> str:
+    body = error.body.decode(errors="replace") if isinstance(error.body, bytes) else error.body
+    try:
+        decoded = json.loads(body) if isinstance(body, str) else None
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict) and isinstance(decoded.get("message"), str):
+        return str(decoded["message"])
+    return str(body or error.reason or "")
 
 
 class KubeClusterQuotaWriter:
@@ -81,6 +107,13 @@ class KubeClusterQuotaWriter:
                 raise Conflict(f"clusterquotas/{name}: {error.reason}") from error
             if error.status == 404:
                 raise NotFound(f"clusterquotas/{name}: {error.reason}") from error
+            if too_large(error):
+                size = len(json.dumps(cq.get("status"), separators=(",", ":")).encode())
+                raise TooLarge(
+                    f"clusterquotas/{name}: the API server refused its status of {size} bytes "
+                    f"as too large ({_message(error)}); it lists every namespace that uses "
+                    "something: select fewer namespaces, or split the ClusterQuota"
+                ) from error
             raise
         finally:
             if self.tracker is not None:

@@ -16,3 +16,9 @@ class NotFound(Exception):
     Routine too: a quota deleted while requests were being judged against it. The caller
     goes on without it, as a fresh LIST would.
     """
+
+
+class TooLarge(Exception):
+    """A write the API server refused for its size: past its request body limit (413), or
+    past what etcd accepts ("request is too large", or the gRPC message limit). Retrying the
+    same object cannot help; a smaller one would."""

@@ -246,3 +246,15 @@ def test_cluster_quota_series_follow_each_status() -> None:
     metrics.cluster_quota_deleted("team")
     assert cpu("team-a") is None
     assert sample(metrics, usage, name="team", resource="requests.cpu", type="hard") is None
+
+
+def test_a_cluster_quota_status_size_is_a_gauge_until_it_is_deleted() -> None:
+    metrics = Metrics()
+    metrics.cluster_quota_status_size("team", 1_300_000)
+    assert 1_300_000.0 == sample(metrics, "tally_clusterquota_status_bytes", name="team")
+    metrics.cluster_quota_status_size("team", 900)
+    assert 900.0 == sample(metrics, "tally_clusterquota_status_bytes", name="team")
+    metrics.cluster_quota_deleted("team")
+    assert sample(metrics, "tally_clusterquota_status_bytes", name="team") is None
+    # A ClusterQuota deleted before its first sync had no size: nothing to remove.
+    metrics.cluster_quota_deleted("other")

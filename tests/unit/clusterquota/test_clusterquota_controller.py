@@ -505,3 +505,80 @@ async def test_what_else_calculates_again() -> None:
     pods.upsert(pod("a2", "p2"))
     controller.enqueue_naming(PODS)
     assert {"total": "3", "a1": "1", "a2": "2"} == await shown.sync()
+
+
+# -- a status near what the API server stores
+
+
+class Sizes:
+    def __init__(self) -> None:
+        self.sizes: list[tuple[str, int]] = []
+
+    def cluster_quota_synced(self, name: str, status: Mapping[str, Any]) -> None:
+        pass
+
+    def cluster_quota_status_size(self, name: str, size: int) -> None:
+        self.sizes.append((name, size))
+
+    def cluster_quota_deleted(self, name: str) -> None:
+        pass
+
+
+async def test_a_large_status_is_reported_at_each_sync_and_warned_of_once_until_it_shrinks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tally.clusterquota import controller as module
+
+    controller, writer, cq = _controller([True], [100.0])
+    controller.recorder, controller.observer = Recorder(), Sizes()
+    recorder, sizes = controller.recorder, controller.observer
+    monkeypatch.setattr(module, "STATUS_BYTES_WARNING", 10)
+    await controller.sync_cluster_quota(cq)
+    (status,) = writer.writes
+    size = cluster.status_bytes(status)
+    assert [("team", size)] == sizes.sizes
+    ((name, reason, message),) = recorder.warnings
+    assert ("team", "StatusLarge") == (name, reason)
+    assert message.startswith(f"its status is {size} bytes, listing 0 namespaces;"), message
+
+    # The same status again: reported, not warned of again.
+    written = {**cq, "status": status}
+    await controller.sync_cluster_quota(written)
+    assert [("team", size)] * 2 == sizes.sizes
+    assert 1 == len(recorder.warnings)
+    # Below the threshold, then past it again: a new warning.
+    monkeypatch.setattr(module, "STATUS_BYTES_WARNING", size + 1)
+    await controller.sync_cluster_quota(written)
+    monkeypatch.setattr(module, "STATUS_BYTES_WARNING", size)
+    await controller.sync_cluster_quota(written)
+    assert 2 == len(recorder.warnings)
+
+
+def test_the_status_size_is_its_compact_json_in_utf8_bytes() -> None:
+    # {"total":{"used":{"pods":"1"}}} is 31 characters; "é" in place of "1" is one byte more.
+    assert 31 == cluster.status_bytes({"total": {"used": {"pods": "1"}}})
+    assert 32 == cluster.status_bytes({"total": {"used": {"pods": "é"}}})
+
+
+async def test_a_status_listing_many_namespaces_is_measured_at_most_once_a_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tally.clusterquota import controller as module
+
+    now = [100.0]
+    controller, writer, cq = _controller([True], now)
+    controller.observer = Sizes()
+    sizes = controller.observer
+    monkeypatch.setattr(module, "SIZE_EVERY_SYNC_BELOW", 0)  # every status counts as long
+    await controller.sync_cluster_quota(cq)
+    written = {**cq, "status": writer.writes[0]}
+    now[0] += module.SIZE_PERIOD_S - 0.1
+    await controller.sync_cluster_quota(written)
+    assert 1 == len(sizes.sizes)
+    now[0] += 0.1
+    await controller.sync_cluster_quota(written)
+    assert 2 == len(sizes.sizes)
+    # A short list is measured at every sync.
+    monkeypatch.setattr(module, "SIZE_EVERY_SYNC_BELOW", 1)
+    await controller.sync_cluster_quota(written)
+    assert 3 == len(sizes.sizes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from tally.kube import rest
 from tally.kube.cluster_quotas import KubeClusterQuotaWriter
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery.cache import Store
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, TooLarge
 from tally.quota.identity import QuotaKey, cluster_quota_key
 from tally.quota.quantity import Quantity
 
@@ -420,3 +421,34 @@ async def test_admission_and_the_controller_write_through_their_own_clients(
     await writer.put_status({"metadata": {"name": "team", "resourceVersion": "4"}})
     await writer.update_status({"metadata": {"name": "team", "resourceVersion": "5"}}, {})
     assert [admission, controller] == put.clients
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "refused_for_size"),
+    [
+        (413, '{"message":"Request entity too large: limit is 3145728","code":413}', True),
+        (500, '{"message":"etcdserver: request is too large","code":500}', True),
+        (500, '{"message":"rpc error: code = ResourceExhausted desc = trying to send message '
+              'larger than max (2260859 vs. 2097152)","code":500}', True),
+        (500, '{"message":"etcdserver: leader changed","code":500}', False),
+        (409, '{"message":"the object has been modified","code":409}', False),
+    ],
+)  # fmt: skip
+async def test_a_status_the_api_server_refuses_for_its_size_says_so(
+    put: FakePut, status: int, body: str, refused_for_size: bool
+) -> None:
+    # The API server's answers, as it gave them on a local plane for statuses of 1.9, 2.3 and
+    # 3.6 MB (etcd's request limit, its gRPC limit, the API server's body limit).
+    writer = KubeClusterQuotaWriter(object())  # type: ignore[arg-type]
+    put.answers.append(client.ApiException(status=status, reason="x"))
+    put.answers[-1].body = body  # type: ignore[union-attr]
+    cq = {"metadata": {"name": "team", "resourceVersion": "4"}, "status": {"total": {}}}
+    with pytest.raises((TooLarge, Conflict, client.ApiException)) as raised:
+        await writer.put_status(cq)
+    assert refused_for_size == isinstance(raised.value, TooLarge)
+    if refused_for_size:
+        message = json.loads(body)["message"]
+        assert str(raised.value).startswith(
+            f"clusterquotas/team: the API server refused its status of 12 bytes as too large "
+            f"({message});"
+        ), str(raised.value)
