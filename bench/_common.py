@@ -231,6 +231,26 @@ async def bounded(
 
 
 @dataclass
+class Background:
+    """A coroutine (``_run``) kept running as a task from :meth:`start` until :meth:`stop`: the
+    watches a benchmark keeps open beside its load."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
 class Loop:
     """What :func:`closed_loop` saw."""
 

@@ -100,6 +100,7 @@ from kubernetes_asyncio import client, watch
 
 from _common import (
     REPO,
+    Background,
     Figure,
     Raw,
     api_client,
@@ -526,19 +527,16 @@ def refusal_problems(refusals: list[str], tight: str) -> list[str]:
 # -- the sides
 
 
-class QuotaWatch:
+class QuotaWatch(Background):
     """Every ``used.pods`` of one quota as a watch delivers it, with the time it arrived."""
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        super().__init__()
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.name = name
         self.history: list[tuple[float, int]] = []
         self.changed = asyncio.Condition()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         while True:
@@ -563,12 +561,6 @@ class QuotaWatch:
         assert arrived is not None
         return arrived
 
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
 
 def first_at_most(history: list[tuple[float, int]], to: int, since: float) -> float | None:
     """The arrival time of the first status in ``history`` (arrival order) at or after
@@ -584,20 +576,17 @@ def shows_deletion(event_type: str, metadata: dict[str, Any]) -> bool:
     return event_type == "DELETED" or bool(metadata.get("deletionTimestamp"))
 
 
-class DeletionWatch:
+class DeletionWatch(Background):
     """When each pod of one namespace was first seen deleted on a watch: the event that sets
     its ``deletionTimestamp`` (from which on a quota no longer counts a pod deleted without a
     grace period), or its DELETED event if that came first."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        super().__init__()
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.seen: dict[str, float] = {}
         self.changed = asyncio.Condition()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         while True:
@@ -607,7 +596,7 @@ class DeletionWatch:
             async for event in stream:
                 arrived = time.perf_counter()
                 metadata = event["raw_object"].get("metadata") or {}
-                name = metadata.get("name")
+                name = str(metadata.get("name") or "")
                 if name in self.seen or not shows_deletion(event["type"], metadata):
                     continue
                 async with self.changed:
@@ -619,12 +608,6 @@ class DeletionWatch:
         async with asyncio.timeout(WAIT_S), self.changed:
             await self.changed.wait_for(lambda: name in self.seen)
         return self.seen[name]
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
 
 
 ANSWER_LIMIT = 2**26
