@@ -230,7 +230,6 @@ async def bounded(
     return elapsed
 
 
-@dataclass
 class Background:
     """A coroutine (``_run``) kept running as a task from :meth:`start` until :meth:`stop`: the
     watches a benchmark keeps open beside its load."""
@@ -251,6 +250,7 @@ class Background:
                 await self.task
 
 
+@dataclass
 class Loop:
     """What :func:`closed_loop` saw."""
 
