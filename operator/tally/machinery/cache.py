@@ -369,6 +369,12 @@ class RecentWrites:
         if remembered is None:
             return cached
         self._entries.move_to_end(key)
+        if cached is remembered:
+            # Handed back what a check already returned (a caller checking a copy it got from
+            # here): the cache has not caught up. Dropping the entry now would make the next
+            # check return the cache's older copy, and a write based on it lose its
+            # compare-and-swap.
+            return remembered
         current, written = _integer_version(cached), _integer_version(remembered)
         if written is None or (current is not None and current >= written):
             del self._entries[key]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tally.machinery.cache import Change, ChangeKind, Store, StoreError
+from tally.machinery.cache import Change, ChangeKind, RecentWrites, Store, StoreError
 
 pytestmark = pytest.mark.unit
 
@@ -298,3 +298,19 @@ def test_events_between_pages_win_over_later_pages(store: Store[str], clock: Fak
     assert replacement.add([obj("q", "1"), obj("r", "2")]) == []
     assert replacement.finish() == []
     assert sorted(store.in_namespace("a")) == ["p@1", "q@5"]
+
+
+def test_a_remembered_write_handed_back_is_not_the_cache_catching_up() -> None:
+    # A caller may check a copy it got from a check (a view built from the newest copy, then
+    # checked again for the freshest): that is not the cache at the written version, and the
+    # write must still be remembered while the cache is behind.
+    writes = RecentWrites(10)
+    cached, written = obj("q", "5"), obj("q", "9")
+    writes.add(written)
+    newest = writes.check_cache(cached)
+    assert newest is written
+    assert writes.check_cache(newest) is written
+    assert writes.check_cache(cached) is written  # the cache is still at 5
+    caught_up = obj("q", "9")
+    assert writes.check_cache(caught_up) is caught_up
+    assert 0 == len(writes)
