@@ -59,7 +59,7 @@ from tally.clusterquota.measures import measure_specs
 from tally.evaluators.base import GroupResource, quota_scopes
 from tally.evaluators.registry import Registry, UsageError, calculate_usage
 from tally.machinery.cache import Change, ChangeKind, Store
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, encoded_size
 from tally.machinery.selectors import LabelSelector
 from tally.quota import resources
 from tally.quota.identity import cluster_quota_key
@@ -580,7 +580,7 @@ class ClusterQuotaController:
         if listed >= SIZE_EVERY_SYNC_BELOW and last is not None and now - last < SIZE_PERIOD_S:
             return
         self._sized[name] = now
-        size = cluster.status_bytes(status)
+        size = encoded_size(status)
         if self.observer is not None:
             self.observer.cluster_quota_status_size(name, size)
         if size < STATUS_BYTES_WARNING:

@@ -22,7 +22,6 @@ Pure: plain JSON in and out; selector and quantity parsing from the core.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -216,13 +215,6 @@ def build_status(
         "mostUsed": most_used(hard_list, total),
         **({"conditions": [dict(c) for c in conditions]} if conditions is not None else {}),
     }
-
-
-def status_bytes(status: Mapping[str, Any]) -> int:
-    """The size of ``status`` as the API server receives and stores it (compact JSON, UTF-8):
-    it grows with every namespace listed, and the API server refuses an object past etcd's
-    request limit (1.5 MiB by default)."""
-    return len(json.dumps(status, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def _sum(lists: Iterable[ResourceList], measured: Iterable[str]) -> dict[str, Quantity]:

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 
 from tally.kube import rest
 from tally.machinery.cache import RecentWrites
-from tally.machinery.errors import Conflict, NotFound, TooLarge
+from tally.machinery.errors import Conflict, NotFound, TooLarge, encoded_size
 from tally.quota.identity import QuotaKey, cluster_quota_key
 
 Obj = Mapping[str, Any]
@@ -108,7 +108,7 @@ class KubeClusterQuotaWriter:
             if error.status == 404:
                 raise NotFound(f"clusterquotas/{name}: {error.reason}") from error
             if too_large(error):
-                size = len(json.dumps(cq.get("status"), separators=(",", ":")).encode())
+                size = encoded_size(cq.get("status"))
                 raise TooLarge(
                     f"clusterquotas/{name}: the API server refused its status of {size} bytes "
                     f"as too large ({_message(error)}); it lists every namespace that uses "

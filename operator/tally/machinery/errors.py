@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 
 class Conflict(Exception):
     """A write lost its compare-and-swap (HTTP 409): the object changed since it was read.
@@ -22,3 +26,9 @@ class TooLarge(Exception):
     """A write the API server refused for its size: past its request body limit (413), or
     past what etcd accepts ("request is too large", or the gRPC message limit). Retrying the
     same object cannot help; a smaller one would."""
+
+
+def encoded_size(obj: Mapping[str, Any] | None) -> int:
+    """The size of ``obj`` as the API server receives and stores it (compact JSON, UTF-8): what
+    :class:`TooLarge` is about."""
+    return len(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode())

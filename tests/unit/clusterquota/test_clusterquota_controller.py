@@ -20,7 +20,7 @@ from tally.evaluators.base import GroupResource
 from tally.evaluators.measured import MeasuredEvaluator
 from tally.evaluators.registry import UsageError, new_registry
 from tally.machinery.cache import Store
-from tally.machinery.errors import Conflict
+from tally.machinery.errors import Conflict, encoded_size
 from tally.measures import compile_measure
 from tally.quota.quantity import Quantity
 
@@ -535,7 +535,7 @@ async def test_a_large_status_is_reported_at_each_sync_and_warned_of_once_until_
     monkeypatch.setattr(module, "STATUS_BYTES_WARNING", 10)
     await controller.sync_cluster_quota(cq)
     (status,) = writer.writes
-    size = cluster.status_bytes(status)
+    size = encoded_size(status)
     assert [("team", size)] == sizes.sizes
     ((name, reason, message),) = recorder.warnings
     assert ("team", "StatusLarge") == (name, reason)
@@ -556,8 +556,8 @@ async def test_a_large_status_is_reported_at_each_sync_and_warned_of_once_until_
 
 def test_the_status_size_is_its_compact_json_in_utf8_bytes() -> None:
     # {"total":{"used":{"pods":"1"}}} is 31 characters; "é" in place of "1" is one byte more.
-    assert 31 == cluster.status_bytes({"total": {"used": {"pods": "1"}}})
-    assert 32 == cluster.status_bytes({"total": {"used": {"pods": "é"}}})
+    assert 31 == encoded_size({"total": {"used": {"pods": "1"}}})
+    assert 32 == encoded_size({"total": {"used": {"pods": "é"}}})
 
 
 async def test_a_status_listing_many_namespaces_is_measured_at_most_once_a_period(
