@@ -548,6 +548,10 @@ class PodEvaluator:
 
     def requires_replenishment(self, old: Obj | PodProjection, new: Obj | PodProjection) -> bool:
         """Resized resources changed, Terminating-ness changed, or the pod stopped counting."""
+        if old is new:
+            # The projection kept (reproject_pod): a status update changing nothing it holds,
+            # as nearly every kubelet update is; none of the three can have happened.
+            return False
         old_p, new_p = project_pod(old), project_pod(new)
         if _status_resources_changed(old_p.status_resources, new_p.status_resources):
             return True

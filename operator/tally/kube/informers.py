@@ -158,11 +158,10 @@ class KubeInformers:
                 informer.schedule_relist(unless_listed_since=since)
 
     def on_event(self, gr: GroupResource, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        namespace = (obj.get("metadata") or {}).get("namespace")
         if (
             self._namespaces
             and gr not in self._cluster_scoped
-            and namespace not in self._namespaces
+            and (obj.get("metadata") or {}).get("namespace") not in self._namespaces
         ):
             return  # Kopf may watch more than tally manages (TALLY_NAMESPACES)
         informer = self.informers.get(gr)

@@ -122,13 +122,13 @@ def format_label_selector(raw: Mapping[str, Any]) -> str:
 
 
 _KEPT_METADATA: Final = (
-    "name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences",
+    "name", "namespace", "uid", "labels", "ownerReferences",
     "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
 )  # fmt: skip
-_FOREIGN_METADATA: Final = tuple(key for key in _KEPT_METADATA if key != "resourceVersion")
-"""What the view keeps of a pod another kind controls. Its resourceVersion is left out, so
-that an update changing none of these keeps the view as it was (:func:`reproject_pod_view`):
-nothing reads it, for no sync ever writes such a pod."""
+"""What the view keeps of a pod's metadata. Its resourceVersion is left out, so that an update
+changing nothing the controller reads keeps the view as it was (:func:`reproject_pod_view`):
+no sync reads it (a pod's deletion and adoption are conditioned on its uid, as upstream's), and
+the store keeps each entry's version beside the view."""
 _ABSENT: Final = object()
 
 
@@ -158,7 +158,7 @@ def pod_view(pod: Obj) -> dict[str, Any]:
     """
     metadata = pod.get("metadata") or {}
     if type(metadata) is dict and controlled_by_another_kind(pod):
-        return {"metadata": {key: metadata[key] for key in _FOREIGN_METADATA if key in metadata}}
+        return {"metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata}}
     spec = pod.get("spec") or {}
     pod_status = pod.get("status") or {}
     annotations = metadata.get("annotations") or {}
@@ -186,19 +186,25 @@ def pod_view(pod: Obj) -> dict[str, Any]:
 
 def reproject_pod_view(previous: dict[str, Any], pod: Obj) -> dict[str, Any]:
     """The view of ``pod``, an update of the pod ``previous`` is the view of: ``previous``
-    itself when both are of a pod another kind controls and none of the metadata kept changed
-    (a status update, as kubelets make all the time), else :func:`pod_view`. Keeping the same
-    view spares building one and the collector a long-lived object per update."""
+    itself when nothing the view keeps changed (a kubelet's status update changing no
+    condition, count or phase the controller reads; of a pod another kind controls, any status
+    update), else the new :func:`pod_view`. Keeping the same view spares the collector a
+    long-lived object per update, and tells :meth:`PodSetController.on_pod` that the update
+    changes nothing a sync reads."""
     # Equal owner references make the previous view one of a pod another kind controls too.
     metadata, kept = pod.get("metadata"), previous.get("metadata")
     if (
         type(metadata) is dict
         and type(kept) is dict
         and controlled_by_another_kind(pod)
-        and all(metadata.get(key, _ABSENT) == kept.get(key, _ABSENT) for key in _FOREIGN_METADATA)
+        and all(metadata.get(key, _ABSENT) == kept.get(key, _ABSENT) for key in _KEPT_METADATA)
     ):
         return previous
-    return pod_view(pod)
+    view = pod_view(pod)
+    # The status first: what a kubelet's update changes when it changes the view at all.
+    if view.get("status") == previous.get("status") and view == previous:
+        return previous
+    return view
 
 
 class PodSetController:
@@ -273,8 +279,10 @@ class PodSetController:
             self._delete_pod(change.old or {})
         elif change.kind is ChangeKind.ADDED:
             self._add_pod(change.new or {})
-        else:
+        elif change.old is not change.new:
             self._update_pod(change.old or {}, change.new or {})
+        # else: the view was kept (reproject_pod_view), so the update changes nothing a sync
+        # reads; upstream's updatePod would queue the owner for a sync that does nothing new.
 
     def _resolve(self, namespace: str, ref: Mapping[str, Any] | None) -> Obj | None:
         """The PodSet a controller reference points at, if it is ours and still the same."""
