@@ -565,7 +565,11 @@ class QuotaEvaluator:
     ) -> tuple[list[Quota], Applies | None] | None:
         """Phase 5: the fresh copies of the quotas whose write failed (a quota deleted
         meanwhile is skipped) and which bind which waiter; None when no retry is left or the
-        quotas cannot be read. Lost compare-and-swaps alone have their own, larger budget."""
+        quotas cannot be read, or when a status was refused for its size (the same charges
+        would make it as large again). Lost compare-and-swaps alone have their own, larger
+        budget."""
+        if result.too_large:
+            return None
         if not state.spend_retry(conflicts_only=result.failed <= result.lost):
             return None
         self._metrics.retried()

@@ -24,6 +24,7 @@ from tally.admission.errors import CONFLICT, AdmissionDenied, unknown_error
 from tally.admission.metrics import AdmissionMetrics
 from tally.admission.overcharges import Overcharges
 from tally.admission.waiters import Waiter
+from tally.machinery.errors import TooLarge
 from tally.quota import resources
 from tally.quota.identity import (
     QuotaIdentity,
@@ -69,6 +70,9 @@ class WriteResult:
     """Those among :attr:`failed` that were deleted since they were read (404), with the uid
     of the copy written: a retry skips them, though the cache may still hold them (a quota
     re-created under the same name is another uid, and judged)."""
+    too_large: frozenset[QuotaIdentity] = frozenset()
+    """Those among :attr:`failed` whose status the API server refused for its size: a retry
+    would write the same status again, or a larger one."""
 
 
 class QuotaWriter:
@@ -90,6 +94,7 @@ class QuotaWriter:
         failed: set[QuotaIdentity] = set()
         lost: set[QuotaIdentity] = set()
         gone: set[tuple[QuotaIdentity, str]] = set()
+        too_large: set[QuotaIdentity] = set()
         error: AdmissionDenied | None = None
         for quota, outcome in zip(changed, results, strict=True):
             identity = quota_identity(quota)
@@ -104,6 +109,10 @@ class QuotaWriter:
             elif isinstance(outcome, NotFound):
                 gone.add((identity, quota_uid(quota)))
                 error = unknown_error(str(outcome))
+            elif isinstance(outcome, TooLarge):
+                logger.warning("quota admission: %s", outcome)
+                too_large.add(identity)
+                error = unknown_error(str(outcome))
             elif isinstance(outcome, AdmissionDenied):
                 error = outcome
             elif isinstance(outcome, Exception):
@@ -112,7 +121,9 @@ class QuotaWriter:
             else:
                 raise outcome  # CancelledError and friends
             failed.add(identity)
-        return WriteResult(stored, frozenset(failed), frozenset(lost), error, frozenset(gone))
+        return WriteResult(
+            stored, frozenset(failed), frozenset(lost), error, frozenset(gone), frozenset(too_large)
+        )
 
     async def refresh(self, quotas: Sequence[Quota], attempt: int) -> None:
         """Before retry ``attempt`` (1, 2, …): pause at random, then fetch ``quotas``, whose

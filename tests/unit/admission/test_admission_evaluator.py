@@ -47,6 +47,7 @@ from tally.evaluators.pods import PodEvaluator
 from tally.evaluators.podsets import PODSETS, PodSetEvaluator
 from tally.evaluators.registry import new_registry
 from tally.machinery.cache import Store
+from tally.machinery.errors import TooLarge
 from tally.quota.identity import QuotaIdentity
 from tally.quota.quantity import parse_quantity
 from tally.resourcequota.controller import ResourceQuotaController
@@ -964,6 +965,22 @@ async def test_other_write_failure_is_a_500_after_retries(running: list[QuotaEva
     denied = await validate(evaluator, create(pod("p")))
     assert denied is not None
     assert (500, "etcd is on fire") == (denied.code, denied.message)
+
+
+async def test_a_status_refused_for_its_size_is_not_written_again(
+    running: list[QuotaEvaluator],
+) -> None:
+    # The same charges would make the status as large again: the request is refused at once,
+    # with the writer's words (what was refused, and what to do), and not retried.
+    accessor = FakeAccessor([resource_quota("quota", {"pods": "5"}, {"pods": "3"})])
+    too_large = "clusterquotas/q: the API server refused its status of 1600000 bytes as too large"
+    accessor.fail_writes = [TooLarge(too_large)] * 4
+    running.append(evaluator := handler(accessor))
+    denied = await validate(evaluator, create(pod("p")))
+    assert denied is not None
+    assert (500, too_large) == (denied.code, denied.message)
+    assert 1 == accessor.write_attempts
+    assert {"pods": "3"} == accessor.used("quota")
 
 
 async def test_write_failure_then_success(running: list[QuotaEvaluator]) -> None:
