@@ -16,6 +16,7 @@ import re
 import urllib.request
 from typing import Any
 
+import pytest
 from clusterquota_e2e import Team, used_by_namespace
 from kubernetes_asyncio import client
 
@@ -149,6 +150,18 @@ async def test_a_status_past_a_mebibyte_is_warned_about_and_past_etcds_limit_ref
     assert f"clusterquotas/{name}: the API server refused its status of " in message, message
     assert "as too large" in message, message
     assert "select fewer namespaces, or split the ClusterQuota" in message, message
+    # The next such create is refused without sending the API server a status at least as
+    # large as the one it just refused.
+    assert admitted + 1 < len(more)
+    following = more[admitted + 1]
+    with pytest.raises(client.ApiException) as again:
+        await team.core.create_namespaced_pod(
+            following, builders.pod("wide", extended, extended, resources="always")
+        )
+    assert 500 == again.value.status, again.value.body
+    message = json.loads(again.value.body or "{}")["message"]
+    assert f"clusterquotas/{name}: its status of " in message, message
+    assert "bytes was not sent: the API server refused one of " in message, message
     # Namespaces the ClusterQuota does not select are untouched by it.
     outsider = await team.namespace(member=False)
     await team.core.create_namespaced_pod(

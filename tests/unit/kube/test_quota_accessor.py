@@ -20,7 +20,7 @@ import builders
 from tally.charges import ChargeLedger
 from tally.clusterquota.quota import raised_shares
 from tally.kube import rest
-from tally.kube.cluster_quotas import KubeClusterQuotaWriter
+from tally.kube.cluster_quotas import REFUSED_SIZE_MEMORY_S, KubeClusterQuotaWriter
 from tally.kube.quota_accessor import KubeQuotaAccessor
 from tally.machinery.cache import Store
 from tally.machinery.errors import Conflict, TooLarge
@@ -452,3 +452,54 @@ async def test_a_status_the_api_server_refuses_for_its_size_says_so(
             f"clusterquotas/team: the API server refused its status of 12 bytes as too large "
             f"({message});"
         ), str(raised.value)
+
+
+def _refused_for_size() -> client.ApiException:
+    error = client.ApiException(status=500, reason="Internal Server Error")
+    error.body = '{"message":"etcdserver: request is too large","code":500}'
+    return error
+
+
+def _cluster_quota(namespaces: int) -> dict[str, Any]:
+    # Each listed namespace adds the same bytes: sizes compare as the namespace counts do.
+    listed = [
+        {"namespace": f"ns-{i:04}", "status": {"used": {"pods": "1"}}} for i in range(namespaces)
+    ]
+    return {"metadata": {"name": "team", "resourceVersion": "4"}, "status": {"namespaces": listed}}
+
+
+async def test_a_status_as_large_as_one_refused_is_not_sent_again_for_a_while(
+    put: FakePut,
+) -> None:
+    # At the limit every admission pass would send a body the API server must read and
+    # decode before etcd refuses it; one at least as large is refused here instead, until
+    # the memory lapses (the limit may have been raised).
+    now = [1000.0]
+    writer = KubeClusterQuotaWriter(object(), clock=lambda: now[0])  # type: ignore[arg-type]
+    put.answers.append(_refused_for_size())
+    with pytest.raises(TooLarge):
+        await writer.put_status(_cluster_quota(50))
+    assert 1 == len(put.calls)
+
+    now[0] += 10
+    for namespaces in (50, 51):
+        with pytest.raises(TooLarge) as raised:
+            await writer.put_status(_cluster_quota(namespaces))
+        size = len(json.dumps(_cluster_quota(namespaces)["status"], separators=(",", ":")))
+        limit = len(json.dumps(_cluster_quota(50)["status"], separators=(",", ":")))
+        assert (
+            f"clusterquotas/team: its status of {size} bytes was not sent: the API server refused "
+            f"one of {limit} bytes as too large 10 s ago;"
+        ) in str(raised.value)
+    assert 1 == len(put.calls)
+
+    # A smaller one is sent.
+    put.answers.append("5")
+    await writer.put_status(_cluster_quota(49))
+    assert 2 == len(put.calls)
+
+    # Once the memory lapses, even the refused size is sent again.
+    now[0] += REFUSED_SIZE_MEMORY_S
+    put.answers.append("6")
+    await writer.put_status(_cluster_quota(50))
+    assert 3 == len(put.calls)
