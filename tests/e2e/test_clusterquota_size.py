@@ -144,14 +144,18 @@ async def test_a_status_past_a_mebibyte_is_warned_about_and_past_etcds_limit_ref
     assert admitted == sum(
         1 for ns in more if used_by_namespace(written).get(ns, {}).get(NAMES[0]) == "1"
     )
-    # Deny on internal error, as for any status admission cannot write.
+    # Deny on internal error, as for any status admission cannot write. The API server's
+    # refusal, or, when the usage controller's larger status was refused first, tally's
+    # memory of it (below).
     assert 500 == refused.status, refused.body
     message = json.loads(refused.body or "{}")["message"]
-    assert f"clusterquotas/{name}: the API server refused its status of " in message, message
+    assert message.startswith(
+        f'admission webhook "quota.tally.dev" denied the request: clusterquotas/{name}: '
+    ), message
     assert "as too large" in message, message
     assert "select fewer namespaces, or split the ClusterQuota" in message, message
-    # The next such create is refused without sending the API server a status at least as
-    # large as the one it just refused.
+    # The next such create is refused without its status being sent: tally remembers the
+    # size the API server refused, and says so.
     assert admitted + 1 < len(more)
     following = more[admitted + 1]
     with pytest.raises(client.ApiException) as again:
@@ -162,6 +166,7 @@ async def test_a_status_past_a_mebibyte_is_warned_about_and_past_etcds_limit_ref
     message = json.loads(again.value.body or "{}")["message"]
     assert f"clusterquotas/{name}: its status of " in message, message
     assert "bytes was not sent: the API server refused one of " in message, message
+    assert "as too large" in message, message
     # Namespaces the ClusterQuota does not select are untouched by it.
     outsider = await team.namespace(member=False)
     await team.core.create_namespaced_pod(
