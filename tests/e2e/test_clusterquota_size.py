@@ -21,7 +21,7 @@ from clusterquota_e2e import Team, used_by_namespace
 from kubernetes_asyncio import client
 
 import builders
-from tally_e2e import RunningOperator, eventually
+from tally_e2e import RunningOperator, eventually, wait_for_root_ca_configmap
 
 pytest_plugins = ["clusterquota_e2e"]
 
@@ -51,16 +51,6 @@ async def warnings(core: client.CoreV1Api, name: str) -> list[tuple[str, str, st
     return [(e.type, e.reason, e.message) for e in found.items]
 
 
-async def root_ca_published(core: client.CoreV1Api, namespace: str) -> None:
-    async def names() -> list[str]:
-        found = await core.list_namespaced_config_map(namespace)
-        return [c.metadata.name for c in found.items]
-
-    await eventually(
-        names, until=lambda found: "kube-root-ca.crt" in found, what="kube-root-ca.crt"
-    )
-
-
 async def status_bytes_metric(operator: RunningOperator, name: str) -> float | None:
     def scrape() -> str:
         with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
@@ -79,7 +69,7 @@ async def test_a_status_past_a_mebibyte_is_warned_about_and_past_etcds_limit_ref
     # kube-controller-manager publishes kube-root-ca.crt into each: before the ClusterQuota,
     # so that its first sync computes every share (a configmap created after it is charged by
     # admission, which writes the names it charges only).
-    await asyncio.gather(*(root_ca_published(team.core, ns) for ns in members))
+    await asyncio.gather(*(wait_for_root_ca_configmap(team.api, ns) for ns in members))
     # 34 shares of ~34 KB: past 1 MiB, below etcd's 1.5 MiB with the rest of the object.
     assert MIB < 34 * share_bytes() < ETCD_LIMIT - 200_000
     name = await team.cluster_quota(HARD)

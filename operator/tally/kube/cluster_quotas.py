@@ -43,6 +43,11 @@ TOO_LARGE_MESSAGES: Final = ("request is too large", "larger than max")
 limit ("etcdserver: request is too large", 1.5 MiB by default) or its gRPC message limit
 ("trying to send message larger than max", 2 MiB). Past its own body limit (3 MiB) it answers
 413."""
+SPLIT_HINT: Final = (
+    "it lists every namespace that uses something: select fewer namespaces, or split the "
+    "ClusterQuota"
+)
+"""What a status refused for its size tells the user to do."""
 REFUSED_SIZE_MEMORY_S: Final = 300.0
 """How long the size of a status the API server refused is remembered. A status at least as
 large is then refused here without being sent: the API server reads, decodes and validates
@@ -126,8 +131,7 @@ class KubeClusterQuotaWriter:
                 self._refused[name] = (min(size, known[0]) if known else size, self._clock())
                 raise TooLarge(
                     f"clusterquotas/{name}: the API server refused its status of {size} bytes "
-                    f"as too large ({_message(error)}); it lists every namespace that uses "
-                    "something: select fewer namespaces, or split the ClusterQuota"
+                    f"as too large ({_message(error)}); {SPLIT_HINT}"
                 ) from error
             raise
         finally:
@@ -152,9 +156,7 @@ class KubeClusterQuotaWriter:
         if size >= limit:
             raise TooLarge(
                 f"clusterquotas/{name}: its status of {size} bytes was not sent: the API server "
-                f"refused one of {limit} bytes as too large {ago:.0f} s ago; it lists every "
-                "namespace that uses something: select fewer namespaces, or split the "
-                "ClusterQuota"
+                f"refused one of {limit} bytes as too large {ago:.0f} s ago; {SPLIT_HINT}"
             )
 
     async def refresh(self, name: str) -> None:
