@@ -131,6 +131,9 @@ SETTLED_CORES = 0.15
 times what they use with nothing to do: 0.03-0.06 cores)."""
 SETTLE_WITHIN_S = 60.0
 KOPF_WATCH = "kopf-watch"
+LOAD_WATCH = "kopf-watch-beside-upstream"
+"""``--kopf-watch-beside-upstream``'s process: the same do-nothing Kopf pod watch, on upstream's
+plane through all of upstream's phases."""
 FLOOR = "floor"
 """The floor side's label and its webhook's process (``bench/admission.py``'s floor)."""
 PATCHER = "kubelet-patcher"
@@ -954,17 +957,20 @@ async def settle(busy: Callable[[], float], cores: float, *, within: float = 90.
 async def measure(
     plan: Plan, reference: cluster.State, operator: cluster.State, tally_pid: int,
     start_kopf_watch: Callable[[], int], floor_plane: cluster.State | None = None,
-    floor: FloorWebhook | None = None,
+    floor: FloorWebhook | None = None, load_watch_pid: int | None = None,
 ) -> tuple[list[Side], dict[str, int | None], dict[str, dict[str, QuotaState]]]:  # fmt: skip
     """Every phase on every side, then every quota beside its pods; the sides, the tight
     limits and the quotas (none on the floor side, whose pods are counted by a LIST:
-    ``Side.listed``)."""
+    ``Side.listed``). ``load_watch_pid``: the Kopf pod watch running on upstream's plane
+    (``--kopf-watch-beside-upstream``), whose CPU upstream's side then records."""
     blocks = schedule(plan)
     hard = hard_pods(plan, blocks)
     replenish = replenish_pods(blocks)
     sides = [
         Side("upstream", reference, await api_client(reference.kubeconfig, pool=OPEN_POOL),
-             {**reference.pids, BENCHMARK: os.getpid()}, plan),
+             {**reference.pids, BENCHMARK: os.getpid(),
+              **({LOAD_WATCH: load_watch_pid} if load_watch_pid is not None else {})},
+             plan),
     ]  # fmt: skip
     if floor_plane is not None and floor is not None:
         assert floor.process is not None
@@ -1024,9 +1030,12 @@ def ms(value: float) -> str:
 
 def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
            quotas: dict[str, dict[str, QuotaState]], started_on: str, revision: str,
-           results: Path | None, floor_reviews: int | None = None) -> bool:  # fmt: skip
+           results: Path | None, floor_reviews: int | None = None,
+           load_control: bool = False) -> bool:  # fmt: skip
     """Print and write the figures; whether every target was met and every check passed.
-    ``floor_reviews``: the reviews the floor webhook said it allowed (None: no floor side)."""
+    ``floor_reviews``: the reviews the floor webhook said it allowed (None: no floor side).
+    ``load_control``: upstream's plane carried a Kopf pod watch (``--kopf-watch-beside-
+    upstream``): the comparisons with upstream are a diagnosis, not issue 28's targets."""
     summaries = {side.label: side_summary(side.records) for side in sides}
     print(f"churn (patcher mode): {plan.pods} pods in {plan.namespaces} namespaces, status "
           f"updates at {plan.update_rate:g}/s from {plan.clients} clients, creates at "
@@ -1035,6 +1044,10 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
           f"{plan.quiet_s:g} s, status only {plan.status_s:g} s")  # fmt: skip
     print(f"machine at the start: {started_on}")
     print(f"tally at {revision}")
+    if load_control:
+        print("LOAD CONTROL: a do-nothing Kopf pod watch ran on upstream's plane through all of "
+              "upstream's phases; the comparisons with upstream below are not issue 28's "
+              "targets")  # fmt: skip
     print(f"{'':22}{'creates':>8}{'p50':>12}{'p99':>12}{'p99.9':>12}{'refused':>8}"
           f"{'updates/s':>11}{'replenish p50':>15}{'p99':>12}")  # fmt: skip
     for label, summary in summaries.items():
@@ -1075,7 +1088,7 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
         print(f"{label}: cores busy in other processes / in interrupts / stolen: {parts}")
     found = targets(summaries["upstream"], summaries["tally"])
     for target in found:
-        print(target.line())
+        print(target.line() + (" [load control]" if load_control else ""))
     if FLOOR in summaries:
         for line in floor_lines(summaries[FLOOR], summaries["tally"], summaries["upstream"]):
             print(line)
@@ -1121,13 +1134,16 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
         "refusals": {side.label: len(side.refusals) for side in sides},
         "problems": problems,
         "ok": checked and met,
+        "load_control": load_control,
     }
     if floor_reviews is not None:
         result["floor_reviews_allowed"] = floor_reviews
     figures = figures_of(summaries["upstream"], summaries["tally"], found)
     if FLOOR in summaries:
         figures += floor_figures(summaries[FLOOR], summaries["tally"])
-    write_results("churn", result, figures, path=results)
+    # A load control's figures never replace the standard run's picture.
+    write_results("churn-load-control" if load_control else "churn", result, figures,
+                  path=results)  # fmt: skip
     return checked and met
 
 
@@ -1158,6 +1174,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                         help="a third side: the Go floor webhook on a plane without a quota "
                              "system")  # fmt: skip
+    parser.add_argument("--kopf-watch-beside-upstream", action="store_true",
+                        help="a load control: the do-nothing Kopf pod watch also runs on "
+                             "upstream's plane through all of upstream's phases, so that "
+                             "upstream's figures carry the CPU a Python pod watch takes "
+                             "from the shared machine (the comparisons are then not issue "
+                             "28's targets; written to bench/results/"
+                             "churn-load-control.json)")  # fmt: skip
     parser.add_argument("--results", type=Path, default=None,
                         help="JSON to write (bench/results/churn.json)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -1203,11 +1226,23 @@ def main(argv: list[str] | None = None) -> int:
             assert watcher.process is not None
             return int(watcher.process.pid)
 
+        load_watch_pid: int | None = None
+        if args.kopf_watch_beside_upstream:
+            load_watch = operator_process.TallyProcess(
+                Path(reference.kubeconfig), logs / "kopf-watch-beside-upstream.log",
+                bin_dir=Path(reference.bin_dir), entry_point=BENCH / "_kopf_watch.py",
+                env={"TALLY_WEBHOOK_ENABLED": "false"},
+            )  # fmt: skip
+            stack.callback(load_watch.kill)
+            load_watch.start()
+            assert load_watch.process is not None
+            load_watch_pid = load_watch.process.pid
+
         print("measuring ...", file=sys.stderr)
         try:
             sides, hard, quotas = asyncio.run(
                 measure(plan, reference, operator, tally.process.pid, start_kopf_watch,
-                        floor_plane, floor)
+                        floor_plane, floor, load_watch_pid)
             )  # fmt: skip
         except BaseException:
             print(f"--- tally's log (tail) ---\n{tally.log_text()}", file=sys.stderr)
@@ -1216,7 +1251,8 @@ def main(argv: list[str] | None = None) -> int:
         if floor is not None:
             floor.stop()
             floor_reviews = floor.allowed
-        ok = report(plan, sides, hard, quotas, started_on, revision, args.results, floor_reviews)
+        ok = report(plan, sides, hard, quotas, started_on, revision, args.results, floor_reviews,
+                    load_control=args.kopf_watch_beside_upstream)  # fmt: skip
     return 0 if ok else 1
 
 
