@@ -92,7 +92,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,8 @@ KOPF_WATCH = "kopf-watch"
 LOAD_WATCH = "kopf-watch-beside-upstream"
 """``--kopf-watch-beside-upstream``'s process: the same do-nothing Kopf pod watch, on upstream's
 plane through all of upstream's phases."""
+LOADED_UPSTREAM = "upstream + Kopf watch"
+"""What a load control's pictures call upstream's side."""
 FLOOR = "floor"
 """The floor side's label and its webhook's process (``bench/admission.py``'s floor)."""
 PATCHER = "kubelet-patcher"
@@ -1139,6 +1141,11 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
     if floor_reviews is not None:
         result["floor_reviews_allowed"] = floor_reviews
     figures = figures_of(summaries["upstream"], summaries["tally"], found)
+    if load_control:
+        # The picture names what the grey bars are, upstream with the watch beside it, and
+        # shows no target against them: those are upstream's alone.
+        figures = [replace(f, reference_name=LOADED_UPSTREAM, target=None)
+                   if f.reference_name == "upstream" else f for f in figures]  # fmt: skip
     if FLOOR in summaries:
         figures += floor_figures(summaries[FLOOR], summaries["tally"])
     # A load control's figures never replace the standard run's picture.
