@@ -447,6 +447,17 @@ def figures_of(
     ]  # fmt: skip
 
 
+def load_control_figures(figures: list[Figure]) -> list[Figure]:
+    """A load control's panels: those against upstream name what the grey bars are, upstream
+    with the Kopf watch beside it, and show no target (issue 28's are against upstream alone);
+    tally against its own plane's Kopf watch keeps its target."""
+    return [
+        replace(f, reference_name=LOADED_UPSTREAM, target=None)
+        if f.reference_name == "upstream" else f
+        for f in figures
+    ]  # fmt: skip
+
+
 def floor_lines(
     floor: dict[str, Any], tally: dict[str, Any], upstream: dict[str, Any]
 ) -> list[str]:
@@ -1142,10 +1153,7 @@ def report(plan: Plan, sides: list[Side], hard: dict[str, int | None],
         result["floor_reviews_allowed"] = floor_reviews
     figures = figures_of(summaries["upstream"], summaries["tally"], found)
     if load_control:
-        # The picture names what the grey bars are, upstream with the watch beside it, and
-        # shows no target against them: those are upstream's alone.
-        figures = [replace(f, reference_name=LOADED_UPSTREAM, target=None)
-                   if f.reference_name == "upstream" else f for f in figures]  # fmt: skip
+        figures = load_control_figures(figures)
     if FLOOR in summaries:
         figures += floor_figures(summaries[FLOOR], summaries["tally"])
     # A load control's figures never replace the standard run's picture.

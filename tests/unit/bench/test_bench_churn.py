@@ -226,6 +226,27 @@ def test_the_figures_compare_tally_with_upstream_kcm_and_the_kopf_watch() -> Non
     assert 3 == sum(1 for figure in figures if figure.target)
 
 
+def test_a_load_controls_panels_name_the_loaded_upstream_and_drop_its_targets() -> None:
+    upstream = side(200.0, 100.0, {"kube-controller-manager": 0.4})
+    tally = side(290.0, 110.0, {"tally": 1.5, KOPF: 1.0})
+    figures = churn.figures_of(upstream, tally, churn.targets(upstream, tally))
+    by_name = {f.name: panel(f) for f in churn.load_control_figures(figures)}
+
+    assert (290.0, 200.0, "upstream + Kopf watch", None) == by_name["create p99, under churn"]
+    assert (None, "upstream + Kopf watch") == (
+        by_name["replenishment p50, under churn"][3],
+        by_name["replenishment p50, under churn"][2],
+    )
+    # Against tally's own plane: the same comparison as in a standard run, target kept.
+    assert (1.5, 1.0, "Kopf pod watch", "<= 1.2x") == (
+        by_name["CPU per status update: tally vs a Kopf pod watch"]
+    )
+    assert (1.5, 0.4, "kube-controller-manager", None) == (
+        by_name["CPU per status update: tally vs kube-controller-manager"]
+    )
+    assert [f.name for f in figures] == list(by_name)
+
+
 def test_the_floor_side_is_compared_without_a_target() -> None:
     # side(): calm p99 30 ms; churn p99 as given.
     floor = side(100.0, 0.0, {churn.FLOOR: 0.0})
