@@ -1229,11 +1229,16 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(tally.kill)
         tally.start()
         assert tally.process is not None
-        watcher = operator_process.TallyProcess(
-            Path(operator.kubeconfig), logs / "kopf-watch.log", bin_dir=Path(operator.bin_dir),
-            entry_point=BENCH / "_kopf_watch.py",
-            env={"TALLY_WEBHOOK_ENABLED": "false"},  # start() then waits for liveness only
-        )  # fmt: skip
+
+        def kopf_watch(plane: cluster.State, log: str) -> operator_process.TallyProcess:
+            """The do-nothing Kopf pod watch (``bench/_kopf_watch.py``) on ``plane``."""
+            return operator_process.TallyProcess(
+                Path(plane.kubeconfig), logs / log, bin_dir=Path(plane.bin_dir),
+                entry_point=BENCH / "_kopf_watch.py",
+                env={"TALLY_WEBHOOK_ENABLED": "false"},  # start() then waits for liveness only
+            )  # fmt: skip
+
+        watcher = kopf_watch(operator, "kopf-watch.log")
         stack.callback(watcher.kill)
 
         def start_kopf_watch() -> int:
@@ -1243,11 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
 
         load_watch_pid: int | None = None
         if args.kopf_watch_beside_upstream:
-            load_watch = operator_process.TallyProcess(
-                Path(reference.kubeconfig), logs / "kopf-watch-beside-upstream.log",
-                bin_dir=Path(reference.bin_dir), entry_point=BENCH / "_kopf_watch.py",
-                env={"TALLY_WEBHOOK_ENABLED": "false"},
-            )  # fmt: skip
+            load_watch = kopf_watch(reference, "kopf-watch-beside-upstream.log")
             stack.callback(load_watch.kill)
             load_watch.start()
             assert load_watch.process is not None
