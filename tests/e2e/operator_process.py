@@ -75,10 +75,13 @@ _GRANTING = threading.Lock()
 """One grant at a time in this process (the soak starts its replicas together)."""
 
 
-def established_connections(pid: int | str, remote_port: int) -> set[str]:
+def established_connections(
+    pid: int | str, remote_port: int | None = None, *, local_port: int | None = None
+) -> set[str]:
     """The ESTABLISHED TCP connections of process ``pid`` (``"self"``: this one) whose remote
-    port is ``remote_port``, by socket inode: matched against its own file descriptors, since
-    the tables of ``/proc/<pid>/net`` list the whole network namespace."""
+    port is ``remote_port`` (or whose local port is ``local_port``: those a server accepted),
+    by socket inode: matched against its own file descriptors, since the tables of
+    ``/proc/<pid>/net`` list the whole network namespace."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):  # closed meanwhile
@@ -89,8 +92,10 @@ def established_connections(pid: int | str, remote_port: int) -> set[str]:
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
+            local = int(fields[1].rsplit(":", 1)[1], 16)
             port = int(fields[2].rsplit(":", 1)[1], 16)
-            if fields[3] == "01" and port == remote_port and fields[9] in inodes:
+            wanted = port == remote_port if local_port is None else local == local_port
+            if fields[3] == "01" and wanted and fields[9] in inodes:
                 found.add(fields[9])
     return found
 
@@ -420,10 +425,14 @@ class TallyProcess:
 
     def webhook_listening(self) -> bool:
         """Whether this process's webhook port accepts connections (the Deployment's readiness
-        probe: tally's webhook server opens it only after the caches are synced)."""
+        probe: tally's webhook server opens it only after the caches are synced), at the
+        address it listens on (``TALLY_WEBHOOK_ADDR``, loopback unless the test says)."""
+        host = self.extra_env.get("TALLY_WEBHOOK_ADDR", "127.0.0.1")
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
         with (
             contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1),
+            socket.create_connection((host, self.webhook_port), timeout=1),
         ):
             return True
         return False
