@@ -5,10 +5,6 @@ each new connection goes to the next backend, bytes are passed through untouched
 the replica, so the API server's client certificate reaches it). tally's webhook server speaks
 HTTP/1.1 only, so the API server opens a connection per concurrent review and a burst spreads
 over both replicas.
-
-It can also lose answers the way a network does (:meth:`RoundRobinBalancer.reset_responses`):
-the request reaches the backend, which judges it, and the API server's connection is reset
-before the answer arrives; the API server then sends the same review again.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import socket
-import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -37,9 +31,6 @@ class RoundRobinBalancer:
         self._pipes: set[asyncio.Task[None]] = set()
         self._open: set[asyncio.StreamWriter] = set()
         """Both ends of every connection passed through now: what :meth:`cut` breaks."""
-        self._resets = 0
-        self.reset = 0
-        """Answers replaced by a connection reset so far (:meth:`reset_responses`)."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -64,20 +55,6 @@ class RoundRobinBalancer:
             end.transport.abort()
         return len(ends) // 2
 
-    def reset_responses(self, count: int) -> None:
-        """Replace the next ``count`` answers by a reset of the client's connection: the
-        backend received and answered the request, the client sees ``connection reset by
-        peer`` instead of the answer (and the API server retries a webhook call that ends so).
-        """
-        self._resets += count
-
-    def _take_reset(self) -> bool:
-        if self._resets <= 0:
-            return False
-        self._resets -= 1
-        self.reset += 1
-        return True
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         backends = self.backends()
         if not backends:
@@ -92,33 +69,17 @@ class RoundRobinBalancer:
             writer.close()
             return
         self._open.update((writer, upstream_writer))
-        for source, sink, reset in (
-            (reader, upstream_writer, None),
-            (upstream_reader, writer, self._take_reset),
-        ):
-            task = asyncio.create_task(_pipe(source, sink, reset))
+        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
+            task = asyncio.create_task(_pipe(source, sink))
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
             task.add_done_callback(functools.partial(self._closed, sink))
 
 
-async def _pipe(
-    source: asyncio.StreamReader,
-    sink: asyncio.StreamWriter,
-    reset: Callable[[], bool] | None = None,
-) -> None:
-    """Copy ``source`` to ``sink``; when ``reset`` says so at the first bytes, reset ``sink``
-    instead (linger 0: the kernel sends RST, not FIN) and drop the bytes."""
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Copy ``source`` to ``sink`` until it ends."""
     try:
-        first = True
         while data := await source.read(65536):
-            if first and reset is not None and reset():
-                sock = sink.get_extra_info("socket")
-                if sock is not None:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sink.transport.abort()
-                return
-            first = False
             sink.write(data)
             await sink.drain()
     except (ConnectionError, OSError):
