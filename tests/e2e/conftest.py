@@ -27,11 +27,17 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from operator_process import OperatorError, TallyProcess
 
 import cluster
-from tally_e2e import NODES, ControlPlane, RunningOperator, wait_for_default_service_account
+from tally_e2e import (
+    NODES,
+    ControlPlane,
+    RunningOperator,
+    api_client,
+    wait_for_default_service_account,
+)
 
 OPERATOR_START_TIMEOUT_S = 60.0
 
@@ -71,26 +77,18 @@ def reference_plane() -> Iterator[ControlPlane]:
         yield plane
 
 
-async def _api_client(plane: ControlPlane) -> client.ApiClient:
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(plane.kubeconfig), client_configuration=configuration
-    )
-    return client.ApiClient(configuration)
-
-
 @pytest_asyncio.fixture(scope="session")
 async def api(control_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await _api_client(control_plane)
-    yield api_client
-    await api_client.close()
+    made = await api_client(control_plane)
+    yield made
+    await made.close()
 
 
 @pytest_asyncio.fixture(scope="session")
 async def reference_api(reference_plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    api_client = await _api_client(reference_plane)
-    yield api_client
-    await api_client.close()
+    made = await api_client(reference_plane)
+    yield made
+    await made.close()
 
 
 async def _fresh_namespace(api_client: client.ApiClient) -> AsyncIterator[str]:

@@ -9,17 +9,18 @@ stays unbound, and writes the status itself with ``set_pod_status``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
 import subprocess
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 import cluster
 
@@ -90,6 +91,36 @@ def token_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Pa
     path.write_text(json.dumps(config))
     path.chmod(0o600)
     return path
+
+
+@contextlib.contextmanager
+def plane_of_its_own(directory: Path, *apiserver_args: str) -> Iterator[ControlPlane]:
+    """An operator-mode control plane in ``directory``, with the session planes' nodes and
+    ``apiserver_args`` added to kube-apiserver's flags; stopped and removed after."""
+    try:
+        state = cluster.up(directory, "operator", extra_apiserver_args=apiserver_args, nodes=NODES)
+        yield ControlPlane(Path(state.kubeconfig), "operator", Path(state.bin_dir))
+    finally:
+        cluster.down(directory, clean=True, quiet=True)
+
+
+async def api_client(plane: ControlPlane) -> client.ApiClient:
+    """A client of ``plane`` with its kubeconfig's (administrator) credentials."""
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=str(plane.kubeconfig), client_configuration=configuration
+    )
+    return client.ApiClient(configuration)
+
+
+@contextlib.asynccontextmanager
+async def plane_api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    """:func:`api_client`, closed after."""
+    api = await api_client(plane)
+    try:
+        yield api
+    finally:
+        await api.close()
 
 
 async def eventually(

@@ -27,20 +27,23 @@ configmaps hold just under 1 MiB (a streamed listing carries each in one line):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Final
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from operator_process import TallyProcess
 
-import cluster
 from tally.app.handlers import INITIAL_PAGED, INITIAL_STREAMED
 from tally.app.kopf_settings import LISTING_PAGE
-from tally_e2e import NODES, ControlPlane, eventually, wait_for_root_ca_configmap
+from tally_e2e import (
+    ControlPlane,
+    eventually,
+    plane_api,
+    plane_of_its_own,
+    wait_for_root_ca_configmap,
+)
 
 CONFIGMAPS: Final = 20000
 """Forty of Kopf's pages: longer to list in tally than a continue token lives on that plane."""
@@ -53,27 +56,6 @@ BIG: Final = 2
 """Of the configmaps, those holding just under the API server's 1 MiB limit: a streamed
 listing carries each whole in one line."""
 BIG_DATA: Final = 1_000_000
-
-
-@contextlib.contextmanager
-def _plane(tmp_path: Path, *apiserver_args: str) -> Iterator[ControlPlane]:
-    directory = tmp_path / "plane"
-    try:
-        state = cluster.up(directory, "operator", extra_apiserver_args=apiserver_args, nodes=NODES)
-        yield ControlPlane(Path(state.kubeconfig), "operator", Path(state.bin_dir))
-    finally:
-        cluster.down(directory, clean=True, quiet=True)
-
-
-@contextlib.asynccontextmanager
-async def _api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(str(plane.kubeconfig), client_configuration=configuration)
-    api = client.ApiClient(configuration)
-    try:
-        yield api
-    finally:
-        await api.close()
 
 
 async def _populate(api: client.ApiClient, namespace: str, count: int) -> None:
@@ -128,7 +110,7 @@ async def _start_and_count(plane: ControlPlane, tmp_path: Path, count: int) -> s
     stays up, becomes ready, counts them, and counts one created after; its log."""
     namespace = f"listing-{uuid.uuid4().hex[:6]}"
     tally = TallyProcess(plane.kubeconfig, tmp_path / "tally.log", bin_dir=plane.bin_dir)
-    async with _api(plane) as api:
+    async with plane_api(plane) as api:
         await _populate(api, namespace, count)
         stop = asyncio.Event()
         churning = asyncio.create_task(_churn(api, stop))
@@ -166,14 +148,14 @@ async def _start_and_count(plane: ControlPlane, tmp_path: Path, count: int) -> s
 
 
 def test_a_listing_longer_than_compaction_leaves_tally_up(tmp_path: Path) -> None:
-    with _plane(tmp_path, "--etcd-compaction-interval=1s") as plane:
+    with plane_of_its_own(tmp_path / "plane", "--etcd-compaction-interval=1s") as plane:
         log = asyncio.run(_start_and_count(plane, tmp_path, CONFIGMAPS))
     assert INITIAL_STREAMED in log
     assert "has failed" not in log
 
 
 def test_without_watch_list_kopf_pages_and_tally_says_so(tmp_path: Path) -> None:
-    with _plane(tmp_path, "--feature-gates=WatchList=false") as plane:
+    with plane_of_its_own(tmp_path / "plane", "--feature-gates=WatchList=false") as plane:
         log = asyncio.run(_start_and_count(plane, tmp_path, 200))
     assert INITIAL_PAGED % LISTING_PAGE in log
     assert INITIAL_STREAMED not in log

@@ -37,19 +37,25 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import pytest
 from host_kubelet import HostKubelet, Replica, host_address
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from operator_process import TallyProcess, established_connections
 
 import builders
 import cluster
-from tally_e2e import NODES, ControlPlane, eventually, wait_for_default_service_account
+from tally_e2e import (
+    ControlPlane,
+    eventually,
+    plane_api,
+    plane_of_its_own,
+    wait_for_default_service_account,
+)
 
 ROUTING: Final = ("--enable-aggregator-routing=true",)
 SERVICE: Final = "tally-webhook"
@@ -68,23 +74,8 @@ QUOTA_PODS: Final = "100000"
 
 @pytest.fixture(scope="module")
 def routed_plane() -> Iterator[ControlPlane]:
-    directory = Path(tempfile.mkdtemp(prefix="tally-e2e-routing-"))
-    try:
-        state = cluster.up(directory, "operator", extra_apiserver_args=ROUTING, nodes=NODES)
-        yield ControlPlane(Path(state.kubeconfig), "operator", Path(state.bin_dir))
-    finally:
-        cluster.down(directory, clean=True, quiet=True)
-
-
-@contextlib.asynccontextmanager
-async def _api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(str(plane.kubeconfig), client_configuration=configuration)
-    api = client.ApiClient(configuration)
-    try:
-        yield api
-    finally:
-        await api.close()
+    with plane_of_its_own(Path(tempfile.mkdtemp(prefix="tally-e2e-routing-")), *ROUTING) as plane:
+        yield plane
 
 
 @dataclass
@@ -215,7 +206,7 @@ async def test_a_rollout_routes_reviews_to_ready_replicas_only(
     address = host_address()
     own = f"tally-routing-{uuid.uuid4().hex[:6]}"
     users = f"routed-{uuid.uuid4().hex[:6]}"
-    async with _api(plane) as api:
+    async with plane_api(plane) as api:
         core = client.CoreV1Api(api)
         for namespace in (own, users):
             await core.create_namespace({"metadata": {"name": namespace}})
