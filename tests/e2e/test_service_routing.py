@@ -227,6 +227,7 @@ async def test_a_rollout_routes_reviews_to_ready_replicas_only(
         kubelet = HostKubelet(api, f"host-{uuid.uuid4().hex[:6]}", address)
         await kubelet.register()
         creates = Creates(api, users)
+        accepted_by_a: Accepted | None = None
         processes: list[TallyProcess] = []
         try:
             # 1. A alone: it leads, registers the Service client config, and is routed to once
@@ -240,9 +241,9 @@ async def test_a_rollout_routes_reviews_to_ready_replicas_only(
                 plane.kubectl("get", f"validatingwebhookconfiguration/{own}.tally.dev",
                               "-o", "json").stdout
             )  # fmt: skip
-            services = {json.dumps(w["clientConfig"]["service"], sort_keys=True)
-                        for w in registered["webhooks"]}  # fmt: skip
-            assert {json.loads(s)["name"] for s in services} == {SERVICE}, services
+            refs = [w["clientConfig"]["service"] for w in registered["webhooks"]]
+            services = {(ref["namespace"], ref["name"], ref["port"]) for ref in refs}
+            assert {(own, SERVICE, SERVICE_PORT)} == services
             # The first create admitted once the API server sees A's endpoint ready (one that
             # came before would fail: the Service had none).
             await eventually(
@@ -311,6 +312,8 @@ async def test_a_rollout_routes_reviews_to_ready_replicas_only(
             )  # fmt: skip
         finally:
             await creates.stop()
+            if accepted_by_a is not None:
+                await accepted_by_a.stop()
             await kubelet.close()
             await asyncio.gather(*(asyncio.to_thread(p.kill) for p in processes))
             plane.kubectl("delete", f"validatingwebhookconfiguration/{own}.tally.dev",
