@@ -32,17 +32,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import yaml
 from kubernetes_asyncio import client
-from operator_process import TallyProcess
+from operator_process import MANIFESTS, TallyProcess
 
 PROBE_PERIOD_S: Final = 1.0
 """Between readiness probes (the Deployment says 2 s; shorter here, the test waits less)."""
 LEASE_RENEW_S: Final = 5.0
 """Between renewals of the node's Lease (a kubelet renews every 10 s, of 40)."""
-PRE_STOP_S: Final = 5.0
-"""The Deployment's ``preStop`` sleep."""
-STOP_WITHIN_S: Final = 30.0
-"""The Deployment's termination grace: SIGKILL past it."""
+
+
+def _deployment_pod_spec() -> dict[str, Any]:
+    deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
+    return dict(deployment["spec"]["template"]["spec"])
+
+
+_POD_SPEC: Final = _deployment_pod_spec()
+PRE_STOP_S: Final = float(_POD_SPEC["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"])
+"""The Deployment's ``preStop`` sleep, as ``manifests/deployment.yaml`` says."""
+STOP_WITHIN_S: Final = float(_POD_SPEC["terminationGracePeriodSeconds"])
+"""The Deployment's termination grace (SIGKILL past it), as ``manifests/deployment.yaml`` says."""
 HOST_TAINT: Final = {"key": "tally.dev/e2e-host", "value": "true", "effect": "NoSchedule"}
 
 
