@@ -19,6 +19,19 @@ $(INSTALLED): pyproject.toml
 
 install: $(INSTALLED)
 
+# uvloop, apart from the environment tally runs in: Kopf's CLI runs the operator on uvloop's
+# loop whenever it can import it, so in .venv it would move every e2e test and benchmark onto a
+# loop tally does not ship with. The unit tests of the webhook server run again on it from here
+# (tests/unit/webhook/test_webhook_server.py), since a deployment with kopf[uvloop] runs tally
+# there.
+UVLOOP := uvloop==0.22.1
+UVLOOP_DIR := $(VENV)/uvloop
+UVLOOP_INSTALLED := $(UVLOOP_DIR)/.installed
+
+$(UVLOOP_INSTALLED): $(INSTALLED) Makefile
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade --target $(UVLOOP_DIR) '$(UVLOOP)'
+	touch $(UVLOOP_INSTALLED)
+
 binaries: $(INSTALLED)
 	$(PY) hack/cluster.py build
 
@@ -45,10 +58,10 @@ prometheus:
 run: binaries
 	$(PY) hack/run.py
 
-test: lint binaries helm kwok prometheus
+test: lint binaries helm kwok prometheus $(UVLOOP_INSTALLED)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-unit: $(INSTALLED)
+unit: $(INSTALLED) $(UVLOOP_INSTALLED)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 e2e: binaries helm kwok prometheus

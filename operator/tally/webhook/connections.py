@@ -6,11 +6,13 @@ Why tally accepts them itself: aiohttp's ``TCPSite`` passes ``ssl=`` to
 buffer) at once and waits 60 s for its handshake, and aiohttp's handler bounds nothing but an
 idle keep-alive (3 630 s by default). Idle and slow peers then add up to whatever they open.
 
-:class:`GuardedSite` is an aiohttp ``BaseSite`` whose ``start`` calls ``loop.create_server``
-with :meth:`ConnectionGuard.accept` as the protocol factory. Each accepted TCP connection is a
-``_Connection``: it counts against the cap before anything is allocated for TLS, makes its
-handshake through ``loop.start_tls``, then hands the decrypted stream to the protocol the
-runner's server makes (aiohttp's request handler) and passes every call on to it.
+:class:`GuardedSite` is an aiohttp ``BaseSite`` with listening sockets of its own, whose
+connections it accepts (``loop.sock_accept``) and hands to :meth:`ConnectionGuard.accept` in the
+turn they arrive. Each is a ``_Connection``: it counts against the cap before anything is
+allocated for TLS, makes its handshake through ``loop.connect_accepted_socket`` (TLS is the
+socket's protocol from its first byte, on asyncio's loop and on uvloop's, which Kopf's CLI runs
+when it is installed), then hands the decrypted stream to the protocol the runner's server makes
+(aiohttp's request handler) and passes every call on to it.
 
 A connection is closed when its peer is late:
 
@@ -26,12 +28,12 @@ A connection is closed when its peer is late:
    request is in progress (:meth:`ConnectionGuard.begin` / :meth:`~ConnectionGuard.end`).
 
 At most ``max_connections`` are open, handshakes included, counted as the kernel counts them:
-the room a new connection needs is made when asyncio asks for its protocol (a loop turn before
-it hands the socket over), and a closed connection's socket is shut down at once, not at the
-loop's next turn, which a loop busy with watch events makes long. One accepted past the cap
-closes the connection that has been idle the longest: no request in progress, whether it waits for
-its handshake, for a request, or for the rest of a slow head (whose first byte does not refresh
-its place), so that idle or slow peers cannot keep the API server's connections out. Only when
+the room a new connection needs is made in the turn it is accepted, and a closed connection's
+socket is shut down at once, not at the loop's next turn, which a loop busy with watch events
+makes long. One accepted past the cap closes the connection that has been idle the longest: no
+request in progress, whether it waits for its handshake, for a request, or for the rest of a
+slow head (whose first byte does not refresh its place), so that idle or slow peers cannot keep
+the API server's connections out. Only when
 every open connection has a request in progress is the new one closed, before its handshake.
 A connection closed to make room or for a timeout is aborted: it has no request in progress and
 nothing left to send.
@@ -48,10 +50,11 @@ What this relies on in aiohttp: ``BaseRunner.server``, documented as a protocol 
 ``create_server``; ``BaseSite.start``/``stop`` registering the site with its runner; and
 ``request.transport`` being the transport the protocol was given (the connection guard finds
 a request's connection by it). Undocumented: ``BaseSite.stop`` closes the site's ``_server``
-only when it is set; this site never sets it and closes its own listener, so the runner's
+only when it is set; this site never sets it and closes its own listeners, so the runner's
 ``addresses`` lists nothing for it (:attr:`GuardedSite.addresses` does). The unit tests pin
 that a request's connection is found (a served connection is never closed by a timer, a cap
-finds the idle one) and that a stopped server refuses connections.
+finds the idle one) and that a stopped server refuses connections, on asyncio's loop and on
+uvloop's.
 """
 
 from __future__ import annotations
@@ -66,17 +69,33 @@ import socket
 import ssl
 import struct
 import termios
+import traceback
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import aiohttp.web
 
 from tally.webhook.limits import WebhookLimits
+from tally.workqueue.tasks import cancel_and_wait, start_watched
 
 logger = logging.getLogger(__name__)
 
 REPORT_PERIOD_S: Final = 60.0
-"""At most one warning this often about connections closed to make room or refused."""
+"""At most one warning this often about connections closed to make room or refused, and one
+about connections that could not be accepted."""
+
+ACCEPT_BATCH: Final = 4
+"""Connections accepted in one loop turn at most, when more are waiting. Each begins its TLS
+handshake in the next turn, and a burst whose handshakes all begin at once holds their buffers
+together: under ``tests/e2e/test_hostile_clients.py`` (550 clients connecting at once against
+the cap of 256, with mutual TLS) tally's RSS peaked at 232 MiB taking 128 a turn (as many as
+asyncio's own servers take), 212 MiB taking 16, 204 MiB taking 4 and 205 MiB taking one; the
+listener before, asyncio's, at 203 MiB. One a turn would leave a burst of the API server's new
+connections waiting a turn each while the loop is busy."""
+
+ACCEPT_PAUSE_S: Final = 1.0
+"""How long the listener waits after an accept failed (out of file descriptors: asyncio's own
+servers pause as long)."""
 
 END_OF_HEAD: Final = b"\r\n\r\n"
 """What ends an HTTP/1.1 request head."""
@@ -89,13 +108,13 @@ class _State(enum.Enum):
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted connection: TCP, then TLS, then aiohttp's protocol behind it."""
+    """One accepted connection: its socket, TLS over it, then aiohttp's protocol behind it."""
 
-    def __init__(self, guard: ConnectionGuard) -> None:
+    def __init__(self, guard: ConnectionGuard, sock: socket.socket) -> None:
         self._guard = guard
+        self.sock = sock
+        """The accepted socket: the handshake's, then the TLS transport's."""
         self.state = _State.HANDSHAKE
-        self.raw: asyncio.Transport | None = None
-        """The TCP transport, until TLS takes it over."""
         self.transport: asyncio.Transport | None = None
         """The TLS transport, once the handshake is done."""
         self.inner: asyncio.Protocol | None = None
@@ -110,41 +129,33 @@ class _Connection(asyncio.Protocol):
         self._head_tail = b""
         """The last bytes of a head still arriving, for an end split between two reads."""
         self.timer: asyncio.TimerHandle | None = None
-        self._early: list[bytes] = []
         self._handshake: asyncio.Task[None] | None = None
-        self.admitted = False
-        """Counted against the cap when made (:meth:`ConnectionGuard.accept`)."""
 
     def __repr__(self) -> str:
-        peer = (self.transport or self.raw).get_extra_info("peername") if self.raw else None
+        try:
+            peer = self.sock.getpeername()
+        except OSError:
+            peer = None
         return f"<webhook connection {peer} {self.state.value}>"
 
-    # asyncio's calls: connection_made once, from the listener, with the TCP transport; the
-    # others from TLS once the handshake began.
+    def start_handshake(self) -> None:
+        self._handshake = asyncio.get_running_loop().create_task(self._start_tls())
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        # The handshake takes the stream over from here: no byte may reach this protocol first.
-        transport.pause_reading()
-        self.raw = transport
-        if not self.admitted or self.state is _State.CLOSED:
-            # Refused at the cap, or closed to make room before asyncio handed it over.
-            self.abort()
-            return
-        self._handshake = asyncio.get_running_loop().create_task(self._start_tls(transport))
-
-    async def _start_tls(self, raw: asyncio.Transport) -> None:
+    async def _start_tls(self) -> None:
         guard = self._guard
         if self.state is not _State.HANDSHAKE:
-            # Closed (by its peer, or to make room) before this task's turn: TLS would wait
-            # out its handshake timeout on a transport that is gone.
+            # Closed to make room before this task's turn: nothing took the socket over.
+            self.sock.close()
             return
         try:
-            tls = await asyncio.get_running_loop().start_tls(
-                raw,
-                self,
-                guard.context,
-                server_side=True,
+            # TLS is this connection's protocol from the socket's first byte: a loop that reads
+            # an accepted socket as soon as it hands it over (uvloop's, which Kopf's CLI runs
+            # when it is installed, resumes reading after ``connection_made`` whatever that
+            # paused) has no plain bytes to give anyone else.
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: self,
+                self.sock,
+                ssl=guard.context,
                 ssl_handshake_timeout=guard.limits.tls_handshake_timeout,
                 # A TLS close waits for the peer's close_notify; bounded like the handshake.
                 ssl_shutdown_timeout=guard.limits.tls_handshake_timeout,
@@ -153,28 +164,31 @@ class _Connection(asyncio.Protocol):
             guard.forget(self)
             raise
         except Exception as error:  # a timeout, a bad handshake, a peer gone: all end it
-            logger.debug("TLS handshake with %s failed: %s", raw.get_extra_info("peername"), error)
+            logger.debug("TLS handshake with %r failed: %s", self, error)
             guard.forget(self)
-            return
-        if tls is None or self.state is not _State.HANDSHAKE:
-            # Closed to make room (or lost) between the handshake's end and this task's turn.
-            if tls is not None:
-                tls.abort()
+            _release(error)
+            # Mostly closed already by the transport that failed; a socket closed twice (or
+            # while uvloop still holds it) is closed once.
+            self.sock.close()
+
+    # asyncio's calls, from TLS once the handshake is done.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport, whatever its class: uvloop's derive from no asyncio class.
+        tls = cast(asyncio.Transport, transport)
+        if self.state is not _State.HANDSHAKE:
+            # Closed to make room (or lost) in the turn its handshake ended.
+            tls.abort()
             return
         self.transport = tls
         self.state = _State.OPEN
-        self.inner = guard.make_protocol()
+        self.inner = self._guard.make_protocol()
         self.inner.connection_made(tls)
-        guard.opened(self)
-        early, self._early = self._early, []
-        for data in early:
-            self.data_received(data)
+        self._guard.opened(self)
 
     def data_received(self, data: bytes) -> None:
         if self.inner is None:
-            # TLS delivers what came with the end of the handshake before start_tls returns.
-            self._early.append(data)
-            return
+            return  # closed in the turn its handshake ended: nobody reads it
         if not self.serving and self.state is _State.OPEN and not self.head_complete:
             if not self.head_started:
                 self.head_started = True
@@ -214,27 +228,33 @@ class _Connection(asyncio.Protocol):
         its head arrived whole, or its socket holds bytes the loop has not read yet."""
         if self.head_complete:
             return True
-        sock = self.raw.get_extra_info("socket") if self.raw is not None else None
-        if sock is None:
-            return False
         try:
-            unread = fcntl.ioctl(sock.fileno(), termios.FIONREAD, struct.pack("i", 0))
-        except OSError:
+            unread = fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, struct.pack("i", 0))
+        except (OSError, ValueError):
             return False  # closed under us: nothing arrives on it any more
         return bool(struct.unpack("i", unread)[0])
 
     def abort(self) -> None:
         self.state = _State.CLOSED
-        transport = self.transport or self.raw
-        if transport is not None:
-            # The connection leaves the kernel's established ones now: asyncio closes the
-            # socket only at the loop's next turn, which a busy loop makes late, and the cap
-            # is about what is open.
-            raw = self.raw.get_extra_info("socket") if self.raw is not None else None
-            if raw is not None:
-                with contextlib.suppress(OSError):
-                    raw.shutdown(socket.SHUT_RDWR)
-            transport.abort()
+        # The connection leaves the kernel's established ones now: a transport closes its
+        # socket only at the loop's next turn, which a busy loop makes late, and the cap is
+        # about what is open. A handshake under way then fails on the shut socket (asyncio
+        # closes the transport it made); one not begun yet finds the connection closed and
+        # closes the socket itself.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _release(error: BaseException) -> None:
+    """Let what a failed handshake's frames held go now: the traceback keeps the frames of
+    asyncio's transport set-up alive, and with them the transport, its TLS buffers (256 KiB) and
+    this connection, in a cycle through the future that carried the error; only a full
+    collection would free it, and tally makes those rare (:mod:`tally.app.heap`). Under
+    ``tests/e2e/test_hostile_clients.py`` about a hundred connections closed in their handshake
+    were held at a time, a TLS buffer each."""
+    traceback.clear_frames(error.__traceback__)
 
 
 class ConnectionGuard:
@@ -261,13 +281,18 @@ class ConnectionGuard:
     def __len__(self) -> int:
         return len(self._open)
 
-    def accept(self) -> asyncio.Protocol:
-        """The listener's protocol factory: asyncio calls it for each accepted socket a loop
-        turn before handing the socket over (``connection_made``), so the room a new connection
-        needs is made here, a turn sooner."""
-        connection = _Connection(self)
-        connection.admitted = self.admit(connection)
-        return connection
+    def accept(self, sock: socket.socket) -> bool:
+        """Take ``sock``, just accepted: counted against the cap (making room, or closed at
+        once if there is none) before anything is allocated for TLS, then its handshake begun.
+        False: refused at the cap."""
+        connection = _Connection(self, sock)
+        if not self.admit(connection):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            return False
+        connection.start_handshake()
+        return True
 
     def admit(self, connection: _Connection) -> bool:
         """Room for one more, closing the longest idle if needed; False: every open connection
@@ -407,7 +432,9 @@ class GuardedSite(aiohttp.web.BaseSite):
         self._port = port
         self._listen_backlog = backlog
         self.guard: Final = guard
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
+        self._accept_failures_reported_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -416,19 +443,78 @@ class GuardedSite(aiohttp.web.BaseSite):
     @property
     def addresses(self) -> list[Any]:
         """The listening sockets' addresses (``(host, port)`` for IPv4)."""
-        if self._listener is None:
-            return []
-        return [sock.getsockname() for sock in self._listener.sockets]
+        return [sock.getsockname() for sock in self._listeners]
 
     async def start(self) -> None:
         await super().start()
-        self._listener = await asyncio.get_running_loop().create_server(
-            self.guard.accept, self._host, self._port, backlog=self._listen_backlog
-        )
+        self._listeners = await listen(self._host, self._port, self._listen_backlog)
+        self._accepting = [
+            start_watched(self._accept(listener), name=f"webhook-accept-{index}", logger=logger)
+            for index, listener in enumerate(self._listeners)
+        ]
+
+    async def _accept(self, listener: socket.socket) -> None:
+        """Hand each connection ``listener`` accepts to the guard, in the turn it arrives, the
+        loop's turn given back after every :data:`ACCEPT_BATCH`."""
+        loop = asyncio.get_running_loop()
+        accepted = 0
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except ConnectionError:
+                continue  # its peer left before it was accepted
+            except OSError as error:
+                # Out of file descriptors or memory: as asyncio's own servers do, go on
+                # accepting after a pause, saying why.
+                self._report_accept_failure(loop.time(), error)
+                await asyncio.sleep(ACCEPT_PAUSE_S)
+                continue
+            sock.setblocking(False)
+            self.guard.accept(sock)
+            accepted += 1
+            if accepted % ACCEPT_BATCH == 0:
+                await asyncio.sleep(0)
+
+    def _report_accept_failure(self, now: float, error: OSError) -> None:
+        reported = self._accept_failures_reported_at
+        if reported is not None and now - reported < REPORT_PERIOD_S:
+            return
+        self._accept_failures_reported_at = now
+        logger.warning(
+            "the webhook server could not accept a connection (%s); accepting again in %g s",
+            error, ACCEPT_PAUSE_S,
+        )  # fmt: skip
 
     async def stop(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
+        accepting, self._accepting = self._accepting, []
+        # One that died was logged when it did; the stop goes on.
+        await asyncio.gather(*(cancel_and_wait(t) for t in accepting if not t.done()))
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
             listener.close()
         self.guard.close_handshakes()
         await super().stop()
+
+
+async def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as ``loop.create_server`` binds
+    them: address reuse, IPv6 sockets for IPv6 only), non-blocking."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
