@@ -44,11 +44,21 @@ def test_quota_series_follow_the_quota() -> None:
         sample(metrics, "kube_resourcequota", **labels, resource="requests.cpu", type="used") == 1.0
     )
 
+    # pods back, in hard only: its hard series is exported again, its used one is not.
+    metrics.quota_synced(
+        key,
+        {"requests.cpu": parse_quantity("2"), "pods": parse_quantity("5")},
+        {"requests.cpu": parse_quantity("1")},
+    )
+    assert sample(metrics, "kube_resourcequota", **labels, resource="pods", type="hard") == 5.0
+    assert sample(metrics, "kube_resourcequota", **labels, resource="pods", type="used") is None
+
     metrics.quota_deleted(key)
     assert (
         sample(metrics, "kube_resourcequota", **labels, resource="requests.cpu", type="hard")
         is None
     )
+    assert sample(metrics, "kube_resourcequota", **labels, resource="pods", type="hard") is None
 
 
 def test_sync_duration_and_errors() -> None:
