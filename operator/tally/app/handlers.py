@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 
 
 INITIAL_STREAMED = (
-    "Kopf's initial listings are streamed (the API server serves a watch's initial state)"
+    "Kopf's initial listings and tally's own lists are streamed (the API server serves a "
+    "watch's initial state)"
 )
 INITIAL_PAGED = (
     "the API server does not stream a watch's initial state (the WatchList feature is off, as "
@@ -103,6 +104,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             dedicated_api=dedicated_api,
             watch_api=watch_api,
             on_leadership_lost=_stop_this_process,
+            streamed_lists=streamed,
         )
         await runtime.start()
     except BaseException:

