@@ -36,15 +36,17 @@ Served by aiohttp (already Kopf's server library) on the operator's own loop rat
 prometheus-client's HTTP server, but **rendered in a worker thread**. The text grows with the
 quotas (kube-state-metrics' shapes are a series per quota, resource and type, and per
 ClusterQuota, namespace and resource): at 5 000 ResourceQuotas and one ClusterQuota over their
-5 000 namespaces it is 8 MB and 0.8-1.2 s of CPU, at 10 000 twice that, and rendered on the
-loop every scrape held each review that long. In a thread the loop keeps its turns (the
-interpreter hands the lock over every few milliseconds; measured, with the start-up's heap
-frozen as tally freezes it, the loop's timers ran at most 19 ms late during a 10 000-quota
-render). The metrics prometheus-client keeps are safe to read from another thread (each
-family copies its children under its lock); what a scrape reads of tally's own state (the
-uncounted resources, the oldest pending charge) is read on the loop first
-(:meth:`Metrics.render`), never from the thread. One render at a time: scrapes that come
-meanwhile wait for it.
+5 000 namespaces it is 8 MB. Through prometheus-client's exposition that was 0.8-1.2 s of CPU
+(at 10 000, twice that), and on the loop every scrape held each review that long; in a thread
+it still held the interpreter's lock, which the loop needs at every turn (after a large
+tally's start, 57 % of its samples were the renders of a scrape every 5 s). So the two
+families keep each series' line as text (:class:`TextGauge`), and the same 8 MB render in
+64-84 ms. The thread stays: the loop keeps its turns during what remains (the interpreter
+hands the lock over every few milliseconds). The metrics prometheus-client keeps are safe to
+read from another thread (each family copies its children under its lock); the text
+families' series, and what a scrape reads of tally's own state (the uncounted resources, the
+oldest pending charge), are read on the loop first (:meth:`Metrics.render`), never from the
+thread. One render at a time: scrapes that come meanwhile wait for it.
 
 **Who may read them** (``TALLY_METRICS_AUTH``, ``Settings.metrics_auth_mode``): quota names,
 namespaces and every tenant's usage are not for anyone who reaches the port. As
@@ -78,6 +80,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tally.app.settings import is_loopback
 from tally.charges import ReleaseReason
@@ -104,78 +107,154 @@ def _value(text: str) -> float:
     return Quantity.parse(text).nanos / _NANOS
 
 
+class _TextSeries:
+    """One series of a :class:`TextGauge`: its line up to the value, and the value."""
+
+    __slots__ = ("head", "value")
+
+    def __init__(self, head: str) -> None:
+        self.head = head
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+_go_float: Callable[[float], str] = floatToGoString
+"""A sample's value as the text format writes it (prometheus-client's own, which has no type
+hints)."""
+
+
+def _escape_label_value(value: str) -> str:
+    """The text format's escaping of a label value (backslash, line feed, double quote)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class TextGauge(Collector):
+    """A gauge family that keeps each series' line up to its value as text, for the families
+    with a series per quota, resource and type (``kube_resourcequota``) or per ClusterQuota,
+    namespace and resource: at 5 000 quotas, prometheus-client's exposition formatted 8 MB
+    of them at every scrape, label by label (each name checked, each value escaped, sorted),
+    and that was most of what a large tally spent after its start. Set and removed as a
+    :class:`prometheus_client.Gauge` with labels is; :meth:`text` renders the family as
+    ``generate_latest`` does (tested against it), from a :meth:`snapshot` taken on the loop
+    so that another thread may render it."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._order = sorted(range(len(self.labelnames)), key=lambda i: self.labelnames[i])
+        self._series: dict[tuple[str, ...], _TextSeries] = {}
+        help_text = documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        self._header = f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
+
+    def labels(self, *values: object) -> _TextSeries:
+        key = self._key(values)
+        series = self._series.get(key)
+        if series is None:
+            pairs = ",".join(
+                f'{self.labelnames[i]}="{_escape_label_value(key[i])}"' for i in self._order
+            )
+            series = self._series[key] = _TextSeries(f"{self.name}{{{pairs}}} ")
+        return series
+
+    def remove(self, *values: object) -> None:
+        self._series.pop(self._key(values), None)
+
+    def _key(self, values: tuple[object, ...]) -> tuple[str, ...]:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values, not {values}")
+        return tuple(str(value) for value in values)
+
+    def snapshot(self) -> list[_TextSeries]:
+        return list(self._series.values())
+
+    def text(self, snapshot: list[_TextSeries]) -> str:
+        return self._header + "".join(
+            [f"{series.head}{_go_float(series.value)}\n" for series in snapshot]
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, series in list(self._series.items()):
+            family.add_metric(list(key), series.value)
+        yield family
+
+
 class Metrics:
     """Every metric tally exports, in one private registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        # Every metric but the two families that grow with the quotas, which render their own
+        # text (TextGauge); ``registry`` below holds all of them.
+        self._plain = CollectorRegistry()
         self._rendering = asyncio.Lock()
         self._oldest_age: Callable[[], float | None] | None = None
         self._uncounted = _Uncounted(dict)
-        self.registry.register(self._uncounted)
-        self.workqueue = PrometheusMetricsProvider(self.registry)
+        self._plain.register(self._uncounted)
+        self.workqueue = PrometheusMetricsProvider(self._plain)
         self.sync_duration = Histogram(
             "tally_resourcequota_sync_duration_seconds",
             "Time to recalculate one ResourceQuota and write its status if it changed.",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.sync_errors = Counter(
             "tally_resourcequota_sync_errors",
             "ResourceQuota syncs that failed and were requeued with backoff.",
-            registry=self.registry,
+            registry=self._plain,
         )
-        self.resource_quota = Gauge(
+        self.resource_quota = TextGauge(
             "kube_resourcequota",
             "Information about resource quota (kube-state-metrics shape), from tally.",
-            ["namespace", "resourcequota", "resource", "type"],
-            registry=self.registry,
+            ("namespace", "resourcequota", "resource", "type"),
         )
         self.admission_requests = Counter(
             "tally_admission_requests",
             "Quota admission decisions, by resource and result "
             "(allowed, ignored, forbidden, conflict, error).",
             ["resource", "result"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.admission_duration = Histogram(
             "tally_admission_duration_seconds",
             "Time from receiving an admission request to its decision.",
             ["resource"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.admission_batch_size = Histogram(
             "tally_admission_batch_size",
             "Requests of one namespace checked together in one pass.",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
-            registry=self.registry,
+            registry=self._plain,
         )
         self.admission_conflicts = Counter(
             "tally_admission_write_conflicts",
             "Quota status reservations that lost their compare-and-swap (409).",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.admission_retries = Counter(
             "tally_admission_retries",
             "Passes that re-read quotas to retry failed reservations.",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.admission_rejudged = Counter(
             "tally_admission_rejudged_refusals",
             "Refusals judged again by the next pass: their pass gave back a charge they were "
             "judged against.",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.charges_confirmed = Counter(
             "tally_admission_charges_confirmed",
             "Charges admission wrote whose objects then appeared in tally's caches.",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.charge_confirmation = Histogram(
             "tally_admission_charge_confirmation_seconds",
             "Time from admission recording a charge to its object in tally's caches "
             "(what TALLY_CHARGE_CONFIRM_TIMEOUT must exceed).",
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=self._plain,
         )
         self.charges_released = Counter(
             "tally_admission_charges_released",
@@ -186,7 +265,7 @@ class Metrics:
             "not be asked whether the object was stored: a 401/403, or no answer several times "
             "in a row), duplicate (a second charge for one created object).",
             ["reason"],
-            registry=self.registry,
+            registry=self._plain,
         )
         # Every reason from the start, at 0: a series born at its first release shows no
         # increase to rate() or increase(), and the unverified alert would miss it.
@@ -196,26 +275,25 @@ class Metrics:
             "tally_admission_charges_late",
             "Objects that appeared after their charge had been released as unconfirmed "
             "(TALLY_CHARGE_CONFIRM_TIMEOUT is too short for this cluster).",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.oldest_unconfirmed_charge = Gauge(
             "tally_admission_oldest_unconfirmed_charge_seconds",
             "Age of the oldest charge still waiting for its object (0: none).",
-            registry=self.registry,
+            registry=self._plain,
         )
         self.cluster_quota_usage = Gauge(
             "tally_clusterquota_usage",
             "A ClusterQuota's total over its namespaces (the shape of kube-state-metrics' "
             "openshift_clusterresourcequota_usage).",
             ["name", "resource", "type"],
-            registry=self.registry,
+            registry=self._plain,
         )
-        self.cluster_quota_namespace_usage = Gauge(
+        self.cluster_quota_namespace_usage = TextGauge(
             "tally_clusterquota_namespace_usage",
             "A ClusterQuota's usage in one namespace it selects "
             "(openshift_clusterresourcequota_namespace_usage).",
-            ["name", "namespace", "resource", "type"],
-            registry=self.registry,
+            ("name", "namespace", "resource", "type"),
         )
         self.cluster_quota_status_bytes = Gauge(
             "tally_clusterquota_status_bytes",
@@ -223,7 +301,7 @@ class Metrics:
             "bytes): it grows with every namespace listed, and the API server refuses an "
             "object past etcd's request limit (1.5 MiB by default).",
             ["name"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.cluster_quota_condition = Gauge(
             "tally_clusterquota_status_condition",
@@ -231,41 +309,41 @@ class Metrics:
             "kube-state-metrics' *_status_condition); UsageComputed is false while the usage "
             "of some object cannot be computed.",
             ["name", "condition", "status"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.enforcing_gauge = Gauge(
             "tally_enforcing",
             "1 for each kind of quota this process enforces (ResourceQuota, ClusterQuota); "
             "ResourceQuota is 0 where the cluster's own quota system is on.",
             ["kind"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.leader = Gauge(
             "tally_leader",
             "1 while this process runs the controllers (it holds the leader election's Lease, "
             "or leader election is off), else 0.",
             ["identity"],
-            registry=self.registry,
+            registry=self._plain,
         )
         self.heap_trim_duration = Histogram(
             "tally_heap_trim_duration_seconds",
             "Time one return of freed heap memory to the operating system took (glibc's "
             "malloc_trim, every TALLY_HEAP_TRIM_PERIOD seconds, on a worker thread).",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-            registry=self.registry,
+            registry=self._plain,
         )
         self.loop_lag = Histogram(
             "tally_event_loop_lag_seconds",
             "How late a timer set every 0.1 s on the event loop fired: how long anything ready "
             "to run (a review's next step, a watch event) waited for its turn.",
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=self._plain,
         )
         self.webhook_certificate_expiry = Gauge(
             "tally_webhook_certificate_expiry_timestamp_seconds",
             "notAfter, as Unix time, of the serving certificate the webhook server presents "
             "(0 until one is loaded).",
-            registry=self.registry,
+            registry=self._plain,
         )
         # The series exported per quota by (resource, hard/used), so that names dropped from a
         # quota (or a deleted quota) stop being exported instead of keeping their last value
@@ -280,6 +358,12 @@ class Metrics:
         ] = {}
         # Condition types each ClusterQuota's status carries (series to drop with it).
         self._cluster_conditions: dict[str, set[str]] = {}
+        self._text_families = (self.resource_quota, self.cluster_quota_namespace_usage)
+        # All of them, as prometheus-client reads a registry (``get_sample_value``, tests).
+        self.registry = CollectorRegistry()
+        self.registry.register(self._plain)
+        for family in self._text_families:
+            self.registry.register(family)
 
     # -- tally.resourcequota.controller.SyncObserver
 
@@ -459,14 +543,23 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text format, rendered here and now (tests; :meth:`render` serves scrapes)."""
         self.read_state()
-        return generate_latest(self.registry)
+        return self._render([family.snapshot() for family in self._text_families])
 
     async def render(self) -> bytes:
-        """The text format for a scrape: tally's state read on the loop, the rest rendered in
-        a worker thread (the module says why), one render at a time."""
+        """The text format for a scrape: tally's state and the large families' series read on
+        the loop, the text rendered in a worker thread (the module says why), one render at a
+        time."""
         async with self._rendering:
             self.read_state()
-            return await asyncio.to_thread(generate_latest, self.registry)
+            snapshots = [family.snapshot() for family in self._text_families]
+            return await asyncio.to_thread(self._render, snapshots)
+
+    def _render(self, snapshots: list[list[_TextSeries]]) -> bytes:
+        texts = [
+            family.text(snapshot)
+            for family, snapshot in zip(self._text_families, snapshots, strict=True)
+        ]
+        return generate_latest(self._plain) + "".join(texts).encode()
 
     async def serve(
         self,

@@ -7,8 +7,11 @@ import threading
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.exposition import generate_latest
 
-from tally.app.metrics import Metrics
+from tally.app import metrics as tally_metrics
+from tally.app.metrics import Metrics, TextGauge
 from tally.quota.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
@@ -171,7 +174,9 @@ def test_the_oldest_pending_charge_is_read_at_each_scrape() -> None:
     assert 2.5 == sample(metrics, name)
 
 
-async def test_a_scrape_reads_tallys_state_on_the_loop_and_renders_in_a_thread() -> None:
+async def test_a_scrape_reads_tallys_state_on_the_loop_and_renders_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     metrics = Metrics()
     loop_thread = threading.get_ident()
     read_on: list[int] = []
@@ -186,19 +191,30 @@ async def test_a_scrape_reads_tallys_state_on_the_loop_and_renders_in_a_thread()
 
     metrics.watch_uncounted(problems)
     metrics.watch_charges(oldest)
+    metrics.quota_synced(("a", "q"), {"pods": parse_quantity("2")}, {})
     rendered_on: list[int] = []
-    original = metrics.registry.collect
+    exposition, family_text = tally_metrics.generate_latest, metrics.resource_quota.text
 
-    def collect() -> Any:
+    def generate_latest(registry: Any) -> bytes:
         rendered_on.append(threading.get_ident())
-        return original()
+        return exposition(registry)
 
-    metrics.registry.collect = collect  # type: ignore[method-assign]
-    text = (await metrics.render()).decode()
+    def text(snapshot: Any) -> str:
+        rendered_on.append(threading.get_ident())
+        return family_text(snapshot)
+
+    monkeypatch.setattr(tally_metrics, "generate_latest", generate_latest)
+    monkeypatch.setattr(metrics.resource_quota, "text", text)
+    text_rendered = (await metrics.render()).decode()
+    assert (
+        'kube_resourcequota{namespace="a",resource="pods",resourcequota="q",type="hard"} 2.0'
+        in (text_rendered)
+    )
+    text = text_rendered
     assert 'tally_uncounted_resource{reason="FailedList",resource="convs.example.com"} 1.0' in text
     assert "tally_admission_oldest_unconfirmed_charge_seconds 4.0" in text
     assert read_on == [loop_thread, loop_thread]
-    assert rendered_on
+    assert 2 == len(rendered_on)  # the registry's metrics and the quotas' family
     assert all(ident != loop_thread for ident in rendered_on)
 
 
@@ -268,3 +284,69 @@ def test_a_cluster_quota_status_size_is_a_gauge_until_it_is_deleted() -> None:
     assert sample(metrics, "tally_clusterquota_status_bytes", name="team") is None
     # A ClusterQuota deleted before its first sync had no size: nothing to remove.
     metrics.cluster_quota_deleted("other")
+
+
+ODD_LABELS = [
+    ("team-a", "compute", "requests.cpu", "hard"),
+    ('quo"te', "back\\slash", "line\nfeed", "used"),
+    ("ünïcode", "", "count/widgets.example.com", "hard"),
+]
+"""Label values with every character the text format escapes, and some it does not."""
+ODD_VALUES = [0.0, -0.0, 1.0, 0.75, 1e-9, 2.0**53 + 1, 1e21, 123456789.125, float("inf"),
+              float("-inf"), float("nan")]  # fmt: skip
+
+
+def test_a_text_gauge_renders_as_prometheus_client_renders_the_same_gauge() -> None:
+    documentation = "Help with a back\\slash and a\nline feed."
+    labelnames = ("namespace", "resourcequota", "resource", "type")  # not in sorted order
+    registry = CollectorRegistry()
+    reference = Gauge("kube_resourcequota", documentation, labelnames, registry=registry)
+    ours = TextGauge("kube_resourcequota", documentation, labelnames)
+    for index, labels in enumerate(ODD_LABELS * len(ODD_VALUES)):
+        value = ODD_VALUES[index % len(ODD_VALUES)]
+        reference.labels(*labels).set(value)
+        ours.labels(*labels).set(value)
+    reference.labels("gone", "q", "pods", "used").set(1)
+    ours.labels("gone", "q", "pods", "used").set(1)
+    reference.remove("gone", "q", "pods", "used")
+    ours.remove("gone", "q", "pods", "used")
+    ours.remove("never", "there", "pods", "used")  # as Gauge.remove: nothing to drop
+    assert generate_latest(registry).decode() == ours.text(ours.snapshot())
+    # And read through a registry as any other collector.
+    mine = CollectorRegistry()
+    mine.register(ours)
+    assert generate_latest(registry) == generate_latest(mine)
+
+
+def test_a_text_gauge_with_no_series_renders_its_header_only() -> None:
+    registry = CollectorRegistry()
+    Gauge("tally_clusterquota_namespace_usage", "h", ["name"], registry=registry)
+    ours = TextGauge("tally_clusterquota_namespace_usage", "h", ["name"])
+    assert generate_latest(registry).decode() == ours.text(ours.snapshot())
+
+
+def test_a_text_gauge_refuses_a_wrong_number_of_label_values() -> None:
+    ours = TextGauge("kube_resourcequota", "h", ("namespace", "resourcequota"))
+    with pytest.raises(ValueError, match="2 label values"):
+        ours.labels("only-one")
+
+
+def test_a_scrape_holds_every_family_once() -> None:
+    metrics = Metrics()
+    metrics.quota_synced(("a", "q"), {"pods": parse_quantity("2")}, {"pods": parse_quantity("1")})
+    metrics.cluster_quota_synced(
+        "shared",
+        {"total": {"hard": {"pods": "4"}, "used": {"pods": "1"}},
+         "namespaces": [{"namespace": "a", "status": {"used": {"pods": "1"}}}]},
+    )  # fmt: skip
+    text = metrics.exposition().decode()
+    families = (
+        "kube_resourcequota",
+        "tally_clusterquota_namespace_usage",
+        "tally_clusterquota_usage",
+        "tally_resourcequota_sync_duration_seconds",
+    )
+    for family in families:
+        assert 1 == text.count(f"# TYPE {family} "), family
+    share = 'name="shared",namespace="a",resource="pods",type="used"'
+    assert f"tally_clusterquota_namespace_usage{{{share}}} 1.0" in text
