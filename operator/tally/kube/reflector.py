@@ -403,14 +403,11 @@ class KubeListWatch:
         ]
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        response: aiohttp.ClientResponse = await self._api.call_api(
+        response = await rest.open_watch(
+            self._api,
             self._path,
-            "GET",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(
+            query,
+            aiohttp.ClientTimeout(
                 total=None,
                 sock_connect=CONNECT_TIMEOUT_S,
                 sock_read=timeout_seconds + READ_TIMEOUT_MARGIN_S,
@@ -420,17 +417,8 @@ class KubeListWatch:
             if response.status >= 300:
                 body = await response.text()
                 raise _status_error_from_body(response.status, response.reason or "", body)
-            buffer = b""
-            # Lines can exceed aiohttp's readline limit (objects up to etcd's 1.5 MiB), so
-            # split the chunks ourselves.
-            async for chunk in response.content.iter_any():
-                buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0:
-                    line, buffer = buffer[:end], buffer[end + 1 :]
-                    if line.strip():
-                        yield _parse_event(line)
-            if buffer.strip():
-                yield _parse_event(buffer)
+            async for line in rest.watch_lines(response.content.iter_any()):
+                yield _parse_event(line)
         finally:
             response.close()
 

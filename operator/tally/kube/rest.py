@@ -242,6 +242,48 @@ async def server_version(api: client.ApiClient) -> str:
     return str(info.git_version)
 
 
+async def open_watch(
+    api: client.ApiClient,
+    path: str,
+    query: list[tuple[str, str]],
+    limits: aiohttp.ClientTimeout,
+) -> aiohttp.ClientResponse:
+    """A watch request's response, unread (the caller reads its lines and closes it);
+    ``limits``: aiohttp's timeouts for it (a watch's read timeout is per read, not total)."""
+    response: aiohttp.ClientResponse = await api.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=limits,
+    )
+    return response
+
+
+async def watch_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The non-blank lines of a watch's stream (one JSON event each), however its chunks cut
+    them, the last one also when no line feed ends it. Split here, not by aiohttp's
+    ``readline``, whose limit is below an object's size (etcd keeps up to 1.5 MiB); the pieces
+    of a long line are joined once, not copied at each chunk."""
+    pending: list[bytes] = []  # the pieces of a line not yet ended
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending.append(chunk[start:end])
+            line = b"".join(pending)
+            pending.clear()
+            start = end + 1
+            if line.strip():
+                yield line
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    line = b"".join(pending)
+    if line.strip():
+        yield line
+
+
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"
 """The annotation of the bookmark that ends a watch's initial events (``sendInitialEvents``)."""
 
@@ -266,14 +308,11 @@ async def serves_watch_list(api: client.ApiClient) -> bool:
         ("fieldSelector", "metadata.name=default"),
         ("timeoutSeconds", str(WATCH_LIST_PROBE_S)),
     ]
-    response: aiohttp.ClientResponse = await api.call_api(
+    response = await open_watch(
+        api,
         "/api/v1/namespaces",
-        "GET",
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=aiohttp.ClientTimeout(total=WATCH_LIST_PROBE_S + REQUEST_TIMEOUT_S),
+        query,
+        aiohttp.ClientTimeout(total=WATCH_LIST_PROBE_S + REQUEST_TIMEOUT_S),
     )
     try:
         if response.status in (400, 422):
@@ -283,9 +322,7 @@ async def serves_watch_list(api: client.ApiClient) -> bool:
             raise client.ApiException(
                 status=response.status, reason=f"{response.reason}: {body[:200]}"
             )
-        async for line in response.content:
-            if not line.strip():
-                continue
+        async for line in watch_lines(response.content.iter_any()):
             event = json.loads(line)
             if not isinstance(event, dict) or event.get("type") != "BOOKMARK":
                 continue
@@ -463,14 +500,11 @@ async def stream_list(
         ("allowWatchBookmarks", "true"),
         ("timeoutSeconds", str(STREAMED_LIST_TIMEOUT_S)),
     ]
-    response: aiohttp.ClientResponse = await api.call_api(
+    response = await open_watch(
+        api,
         path,
-        "GET",
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=aiohttp.ClientTimeout(
+        query,
+        aiohttp.ClientTimeout(
             total=None, sock_connect=REQUEST_TIMEOUT_S, sock_read=STREAM_IDLE_TIMEOUT_S
         ),
     )
@@ -494,20 +528,11 @@ async def initial_state(
     ends the initial state and reads no further. The stream ending first, an error event, or an
     event that is not the protocol raise :class:`client.ApiException` (the caller lists again)."""
     items: list[dict[str, Any]] = []
-    pending: list[bytes] = []  # the pieces of a line not yet ended (a 1 MiB object spans many)
-    async for chunk in chunks:
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending.append(chunk[start:end])
-            line = b"".join(pending)
-            pending.clear()
-            start = end + 1
-            if line.strip() and _initial_state_item(_event(line, path), items, path):
-                if items:
-                    yield items
-                return
-        if start < len(chunk):
-            pending.append(chunk[start:])
+    async for line in watch_lines(chunks):
+        if _initial_state_item(_event(line, path), items, path):
+            if items:
+                yield items
+            return
         if len(items) >= batch:
             yield items
             items = []
