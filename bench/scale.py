@@ -694,7 +694,10 @@ async def run_operator(
         result.cpu_total_s = cpu_seconds(pid)
         result.settled_s = time.perf_counter() - started
         result.relists = len(
-            re.findall(r"re-list reconciled", tally.log.read_text(errors="replace"))
+            re.findall(
+                r"re-list reconciled|the start-up re-list applied",
+                tally.log.read_text(errors="replace"),
+            )
         )
         result.syncs = _syncs(tally) or "? (/metrics did not answer)"
         result.syncs_in_startup = startup_syncs(

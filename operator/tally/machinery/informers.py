@@ -256,9 +256,21 @@ class Informer(Generic[P]):
                 continue
             self.relists += 1
             if changes:
-                logger.info("%s: re-list reconciled %d change(s) missed by the watch",
-                            self.name, len(changes))  # fmt: skip
+                logger.info(self._relist_message(), self.name, len(changes))
             return
+
+    def _relist_message(self) -> str:
+        """How a re-list's changes are logged. The first one, before Kopf's watch has re-listed
+        after a gap, is the start-up re-list: what it finds changed since tally's own LIST was
+        made before Kopf's watch began (tally's own first status writes among them), which
+        Kopf's first listing would deliver too, minus what was deleted. Only a re-list after a
+        gap reports what a watch missed."""
+        if self.relists == 1 and self.listings <= 1:
+            return (
+                "%s: the start-up re-list applied %d change(s) made since tally's own LIST, "
+                "before Kopf's watch began (tally's own writes among them)"
+            )
+        return "%s: re-list reconciled %d change(s) missed by the watch"
 
     async def stop(self) -> None:
         task, self._relist_task = self._relist_task, None

@@ -387,3 +387,51 @@ def test_each_check_walks_at_most_its_budget() -> None:
     assert not listing.done
     assert listing.remaining(budget=2) == 0
     assert listing.done
+
+
+async def test_the_start_up_relist_is_logged_as_such(caplog: pytest.LogCaptureFixture) -> None:
+    # Kopf's watch begins after tally's own LIST; what the start-up re-list finds changed was
+    # made before that watch began, which no watch missed: the log must not say one did.
+    store: Store[str] = Store(project)
+    informer = _informer(store, pod("p", resource_version="2"))
+    store.replace(
+        [pod("p", resource_version="1"), pod("ghost", resource_version="1")], started_at=0
+    )
+    informer.on_event(None, pod("p", resource_version="1"))  # Kopf's first listing
+    assert informer._relist_task is not None
+    with caplog.at_level("INFO", logger="tally.machinery.informers"):
+        await informer._relist_task
+    assert [
+        "pods: the start-up re-list applied 2 change(s) made since tally's own LIST, before "
+        "Kopf's watch began (tally's own writes among them)"
+    ] == [r.getMessage() for r in caplog.records]
+
+
+async def test_a_relist_after_a_gap_reports_what_the_watch_missed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store: Store[str] = Store(project)
+    store.replace([pod("p", resource_version="1"), pod("q", resource_version="1")], started_at=0)
+    lists = [
+        [pod("p", resource_version="1"), pod("q", resource_version="1")],  # the start-up re-list
+        [pod("p", resource_version="1")],  # after the gap: q was deleted during it
+    ]
+
+    async def lister() -> AsyncIterator[list[dict[str, Any]]]:
+        yield lists.pop(0)
+
+    informer = Informer("pods", store, lister, relist_debounce=0.01, min_relist_interval=0.0)
+    for name in ("p", "q"):  # Kopf's first listing
+        informer.on_event(None, pod(name, resource_version="1"))
+    assert informer._relist_task is not None
+    await informer._relist_task
+    # A gap: Kopf lists again and reports no deletion. Two objects were listed and the store
+    # holds two: a third listed object can only be a new listing's.
+    informer.on_event(None, pod("p", resource_version="1"))
+    assert 2 == informer.listings
+    with caplog.at_level("INFO", logger="tally.machinery.informers"):
+        await informer._relist_task
+    assert (["pods: re-list reconciled 1 change(s) missed by the watch"], ["p"]) == (
+        [r.getMessage() for r in caplog.records],
+        store.names_in("a"),
+    )
